@@ -1,0 +1,56 @@
+"""Model backends behind one protocol (:class:`memagent.backends.base.Backend`).
+
+Backends are registered by name and imported lazily, so `memagent` does not import torch or llama.cpp
+unless the chosen backend needs them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memagent.backends.base import Backend
+from memagent.registry import Registry
+
+BACKENDS: Registry[Any] = Registry("backend")
+
+
+def _scripted():
+    from memagent.backends.scripted import ScriptedBackend
+
+    return ScriptedBackend
+
+
+def _llamacpp():
+    from memagent.backends.llamacpp import LlamaCppBackend
+
+    return LlamaCppBackend
+
+
+def _openai():
+    from memagent.backends.openai_compat import OpenAIBackend
+
+    return OpenAIBackend
+
+
+def _hf():
+    from memagent.backends.hf import HFBackend
+
+    return HFBackend
+
+
+BACKENDS.register_lazy("scripted", _scripted)
+BACKENDS.register_lazy("llamacpp", _llamacpp)
+BACKENDS.register_lazy("openai", _openai)
+BACKENDS.register_lazy("hf", _hf)
+
+
+def make_backend(name: str, **kwargs: Any) -> Backend:
+    """Build the backend registered as ``name`` with keyword settings.
+
+    Raises:
+        UnknownNameError: no backend of that name (suggests the closest).
+    """
+    return BACKENDS.get(name)(**kwargs)
+
+
+__all__ = ["BACKENDS", "Backend", "make_backend"]

@@ -1,0 +1,47 @@
+"""The Backend protocol: a batch of chat requests in, one completion per request out.
+
+The agent loop talks only to this protocol, so `memagent run`, evaluation and RL rollouts share one code
+path whatever serves the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from memagent.tokenization import Tokenizer
+from memagent.types import Completion, Message, Request
+
+#: Tokens allowed for chat-template wrapping when a backend cannot count a rendered prompt itself
+#: (role markers, default system prompt of small chat templates).
+DEFAULT_CHAT_OVERHEAD_TOKENS = 64
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A chat model.
+
+    Attributes:
+        name: backend name plus model, recorded with results.
+        context_tokens: the model's context window (prompt + generated tokens) in tokens; ``None`` if unknown.
+        tokenizer: the model's tokenizer when the backend has it (in-process backends), else ``None``.
+        batched: True when one ``generate`` call runs its requests as one batch in process; False for
+            servers, which run requests concurrently up to a bound.
+
+    ``generate`` returns completions in request order. A request that fails (server error after retries,
+    timeout, context overflow) yields a Completion with ``finish_reason="error"`` and ``error`` set, so one
+    bad sample never sinks a batch; misconfiguration raises instead.
+    """
+
+    name: str
+    context_tokens: int | None
+    tokenizer: Tokenizer | None
+    batched: bool
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]: ...
+
+    def count_prompt_tokens(self, messages: Sequence[Message]) -> int | None:
+        """Exact prompt length in tokens after chat templating, or ``None`` if the backend cannot tell."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,96 @@
+"""A deterministic fake backend for tests and dry runs.
+
+It answers with a user-supplied function of the request (or a fixed list of replies), records every
+batch it was called with, and can be told to fail chosen requests.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+
+from memagent.tokenization import ByteTokenizer, Tokenizer
+from memagent.types import Completion, Message, Request, Usage
+
+_SECTION = re.compile(r"<section>\n(.*?)\n</section>", re.S)
+_MEMORY = re.compile(r"<memory>\n(.*?)\n</memory>", re.S)
+
+
+def default_responder(request: Request) -> str:
+    """Update turns: keep the previous memory plus the section's first line (at most 80 chars).
+    Final turns: box the memory's last line. Enough to watch the loop's mechanics without a model."""
+    prompt = request.messages[-1].content
+    memory = _MEMORY.search(prompt)
+    section = _SECTION.search(prompt)
+    mem = memory.group(1) if memory else ""
+    if section is not None:
+        first = section.group(1).strip().splitlines()[0][:80] if section.group(1).strip() else ""
+        return (mem + "\n" + first).strip()
+    last = mem.strip().splitlines()[-1] if mem.strip() else ""
+    return "\\boxed{" + last + "}"
+
+
+class ScriptedBackend:
+    """Deterministic fake model.
+
+    Args:
+        responder: maps a request to its reply text; default :func:`default_responder`.
+        replies: alternatively, a fixed list of reply texts handed out in call order (overrides responder).
+        fail: predicate on a request; matching requests come back with ``finish_reason="error"``.
+        context_tokens: context window to report (``None`` = unknown).
+        tokenizer: used to count prompt/completion tokens; default :class:`ByteTokenizer`.
+        batched: report itself as an in-process batched backend (True) or a server (False).
+
+    Attributes:
+        calls: every ``generate`` call's request list, in order.
+    """
+
+    def __init__(
+        self,
+        responder: Callable[[Request], str] | None = None,
+        replies: Sequence[str] | None = None,
+        fail: Callable[[Request], bool] | None = None,
+        context_tokens: int | None = None,
+        tokenizer: Tokenizer | None = None,
+        batched: bool = True,
+    ):
+        self.responder = responder or default_responder
+        self._replies = list(replies) if replies is not None else None
+        self.fail = fail
+        self.context_tokens = context_tokens
+        self.tokenizer = tokenizer or ByteTokenizer()
+        self.batched = batched
+        self.name = "scripted"
+        self.calls: list[list[Request]] = []
+
+    def count_prompt_tokens(self, messages: Sequence[Message]) -> int | None:
+        return sum(len(self.tokenizer.encode(m.content)) for m in messages)
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        self.calls.append(list(requests))
+        out = []
+        for r in requests:
+            if self.fail is not None and self.fail(r):
+                out.append(Completion("", "error", error=f"scripted failure for {r.request_id}"))
+                continue
+            text = self._replies.pop(0) if self._replies is not None else self.responder(r)
+            ids = self.tokenizer.encode(text)
+            finish = "stop"
+            if len(ids) > r.max_tokens:
+                ids = ids[: r.max_tokens]
+                text = self.tokenizer.decode(ids)
+                finish = "length"
+            prompt_ids = [t for m in r.messages for t in self.tokenizer.encode(m.content)]
+            out.append(
+                Completion(
+                    text=text,
+                    finish_reason=finish,
+                    usage=Usage(len(prompt_ids), len(ids)),
+                    token_ids=tuple(ids),
+                    prompt_token_ids=tuple(prompt_ids),
+                )
+            )
+        return out
+
+    def close(self) -> None:
+        pass

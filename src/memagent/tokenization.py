@@ -1,0 +1,215 @@
+"""Tokenizers: the only place text is measured.
+
+Every budget in memagent is in model tokens, so the agent, the chunker and the data builders ask a
+:class:`Tokenizer` and never count characters themselves. Adapters:
+
+- :class:`HFTokenizer` for a ``tokenizers.Tokenizer`` or a transformers fast tokenizer
+  (``tokenizer.json`` files, HF model directories);
+- :class:`LlamaCppTokenizer` for the vocabulary inside a GGUF file (the embedded model's own);
+- :class:`ByteTokenizer`, one token per UTF-8 byte: exact, dependency-free, used by tests and dry runs.
+
+All adapters treat text that looks like a control token (``<|im_start|>``, ``</s>``) as plain text, so a
+document cannot inject special tokens into a prompt.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from memagent.errors import ConfigError
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What memagent needs from a tokenizer.
+
+    ``encode_with_offsets(text)`` returns ``(ids, boundaries)`` where ``ids`` has shape ``(T,)`` and
+    ``boundaries`` has shape ``(T + 1,)``: ``boundaries[k]`` is the character offset at which the text
+    of token ``k`` starts (``boundaries[0] == 0``, ``boundaries[T] == len(text)``, non-decreasing). A
+    token that ends inside a multi-byte character gives that character to the token that completes it.
+    """
+
+    name: str
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[int]]: ...
+
+
+def count_tokens(tokenizer: Tokenizer, text: str) -> int:
+    """Number of model tokens in ``text`` (no special tokens added)."""
+    return len(tokenizer.encode(text)) if text else 0
+
+
+def char_boundaries_from_byte_lengths(text: str, byte_lengths: Sequence[int]) -> list[int]:
+    """Map per-token byte lengths to character boundaries.
+
+    Args:
+        text: the encoded text.
+        byte_lengths: UTF-8 byte length of every token's piece, shape ``(T,)``; must sum to
+            ``len(text.encode("utf-8"))``.
+
+    Returns:
+        ``(T + 1,)`` character offsets; a boundary that falls inside a multi-byte character is moved to the
+        end of that character.
+
+    Raises:
+        ConfigError: the pieces do not add up to the text (the tokenizer is not byte-reversible).
+    """
+    data = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+    lens = np.asarray(byte_lengths, dtype=np.int64)
+    if int(lens.sum()) != data.size:
+        raise ConfigError(
+            f"tokenizer pieces cover {int(lens.sum())} bytes but the text has {data.size}: this tokenizer "
+            "does not reproduce its input byte for byte, so chunk boundaries cannot be mapped to text. "
+            "Use a byte-level BPE tokenizer (tokenizer.json) instead."
+        )
+    is_lead = (data & 0xC0) != 0x80  # first byte of a character
+    # chars_before[p] = number of characters that start before byte p; at a mid-character byte this
+    # already counts the current character, i.e. the boundary rounds up to the next character.
+    chars_before = np.concatenate([[0], np.cumsum(is_lead)])
+    byte_starts = np.concatenate([[0], np.cumsum(lens)])
+    return chars_before[byte_starts].tolist()
+
+
+class ByteTokenizer:
+    """One token per UTF-8 byte (ids 0-255). Exact and dependency-free; for tests and dry runs."""
+
+    name = "bytes"
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return bytes(ids).decode("utf-8", errors="replace")
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[int]]:
+        ids = self.encode(text)
+        return ids, char_boundaries_from_byte_lengths(text, [1] * len(ids))
+
+
+class HFTokenizer:
+    """Adapter for a ``tokenizers.Tokenizer`` or a transformers fast tokenizer.
+
+    The wrapped tokenizer is copied and set to encode special-token strings as plain text, so the
+    original (used elsewhere, e.g. to render chat templates) is left untouched.
+
+    Args:
+        tokenizer: a ``tokenizers.Tokenizer``, or an object with ``backend_tokenizer``/``_tokenizer``.
+        name: a name recorded in manifests and results.
+    """
+
+    def __init__(self, tokenizer, name: str = "hf"):
+        from tokenizers import Tokenizer as _RawTokenizer
+
+        raw = tokenizer
+        for attr in ("backend_tokenizer", "_tokenizer"):
+            if not isinstance(raw, _RawTokenizer) and hasattr(raw, attr):
+                raw = getattr(raw, attr)
+        if not isinstance(raw, _RawTokenizer):
+            raise ConfigError(f"HFTokenizer needs a fast (tokenizers-backed) tokenizer, got {type(tokenizer).__name__}")
+        self._tok = _RawTokenizer.from_str(raw.to_str())
+        self._tok.no_truncation()
+        self._tok.no_padding()
+        self._tok.encode_special_tokens = True
+        self.name = name
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike) -> HFTokenizer:
+        """Load a ``tokenizer.json`` file, or the one inside an HF model directory."""
+        from tokenizers import Tokenizer as _RawTokenizer
+
+        p = os.fspath(path)
+        if os.path.isdir(p):
+            p = os.path.join(p, "tokenizer.json")
+        if not os.path.isfile(p):
+            raise ConfigError(f"no tokenizer.json at {p!r}: pass a tokenizer.json file or an HF model directory")
+        return cls(_RawTokenizer.from_file(p), name=os.path.basename(os.path.dirname(os.path.abspath(p))) or p)
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids if text else []
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=False)
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[int]]:
+        if not text:
+            return [], [0]
+        enc = self._tok.encode(text, add_special_tokens=False)
+        # Boundary before token k = furthest end offset of tokens < k (offsets may exclude a leading space
+        # or repeat a character split across tokens; a running max keeps boundaries monotone).
+        ends = np.fromiter((e for _, e in enc.offsets), dtype=np.int64, count=len(enc.ids))
+        bounds = np.concatenate([[0], np.maximum.accumulate(ends)]) if len(ends) else np.array([0])
+        bounds[-1] = len(text)
+        return list(enc.ids), bounds.tolist()
+
+
+class LlamaCppTokenizer:
+    """The vocabulary of a GGUF model, through llama-cpp-python.
+
+    Args:
+        llama: a ``llama_cpp.Llama`` (a ``vocab_only=True`` instance is enough and loads in milliseconds).
+        name: a name recorded in manifests and results.
+    """
+
+    def __init__(self, llama, name: str = "gguf"):
+        self._llama = llama
+        self.name = name
+        self._piece_len: dict[int, int] = {}
+
+    @classmethod
+    def from_gguf(cls, path: str | os.PathLike) -> LlamaCppTokenizer:
+        """Load only the vocabulary of a GGUF file."""
+        from llama_cpp import Llama
+
+        if not os.path.isfile(path):
+            raise ConfigError(f"GGUF file not found: {os.fspath(path)!r}")
+        return cls(Llama(os.fspath(path), vocab_only=True, verbose=False), name=os.path.basename(path))
+
+    def encode(self, text: str) -> list[int]:
+        if not text:
+            return []
+        return list(self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._llama.detokenize(list(ids), special=False).decode("utf-8", errors="replace")
+
+    def _lengths(self, ids: Sequence[int]) -> list[int]:
+        cache = self._piece_len
+        out = []
+        for t in ids:
+            n = cache.get(t)
+            if n is None:
+                n = cache[t] = len(self._llama.detokenize([t], special=False))
+            out.append(n)
+        return out
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[int]]:
+        ids = self.encode(text)
+        return ids, char_boundaries_from_byte_lengths(text, self._lengths(ids))
+
+
+def load_tokenizer(spec: str) -> Tokenizer:
+    """Build a tokenizer from a string.
+
+    Args:
+        spec: ``"bytes"``; a path to a ``.gguf`` file; a ``tokenizer.json`` file; or an HF model directory.
+
+    Raises:
+        ConfigError: the spec matches none of these.
+    """
+    if spec == "bytes":
+        return ByteTokenizer()
+    if spec.endswith(".gguf"):
+        return LlamaCppTokenizer.from_gguf(spec)
+    if os.path.exists(spec):
+        return HFTokenizer.from_file(spec)
+    raise ConfigError(
+        f"cannot load tokenizer {spec!r}: give 'bytes', a .gguf file, a tokenizer.json file or an HF model directory"
+    )
