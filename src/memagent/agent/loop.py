@@ -1,0 +1,342 @@
+"""The memory agent loop: read a document chunk by chunk, overwrite a text memory, answer from memory.
+
+Source: paper section 2 / reference doc section 1: memory ``m_0`` = a no-memory marker,
+``m_k = f(q, c_k, m_{k-1})`` for every chunk ``c_k``, answer from ``(q, m_K)`` alone. Every call is an
+independent single-turn chat, so the prompt size is bounded by question + memory cap + one chunk whatever
+the document length, and time grows linearly with the number of chunks.
+
+Scheduling: calls for one sample are sequential by nature, so throughput comes from advancing many samples
+together. The loop keeps up to ``batch_size`` samples active; at each step every active sample contributes
+exactly one request (its next update, or its final turn once its document is exhausted), and the step's
+requests go to the backend as one ``generate`` call (one batch for in-process backends, bounded concurrent
+requests for servers). A finished sample leaves and the next waiting sample takes its place. The reference's
+training loop instead holds every sample's final turn until the longest document is read (doc section 4.4).
+
+Budgets are checked before any call: for every sample, template + question + memory cap + chunk + new
+tokens must fit the backend's context window, for the update and for the final call separately.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import zlib
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from memagent.answers import extract_answer, strip_reasoning
+from memagent.backends.base import DEFAULT_CHAT_OVERHEAD_TOKENS, Backend
+from memagent.chunking import center_truncate, chunk_text
+from memagent.errors import BackendError, ConfigError
+from memagent.agent.prompts import DEFAULT_TEMPLATES, PromptTemplates
+from memagent.tokenization import Tokenizer, count_tokens
+from memagent.types import Chunk, Completion, Message, Request, Sample, Trajectory, Turn
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Settings of the memory agent. All lengths are in model tokens.
+
+    Attributes:
+        chunk_tokens: tokens of document per update call (reference: 5000).
+        memory_tokens: cap on the memory, enforced as the update call's max new tokens (reference: 1024).
+        final_tokens: cap on the final answer's new tokens (reference: 1024; the reference's sync trainer
+            wrongly used the memory cap here, bug list item 2).
+        max_context_tokens: optional center truncation of the document (first and last halves kept);
+            ``None`` reads everything (the reference eval default).
+        temperature, top_p: sampling settings (temperature 0 = greedy).
+        seed: base sampling seed; each request gets a seed derived from (seed, sample id, turn) so repeated
+            samples (RL groups) still differ. ``None``: backend default.
+        batch_size: samples advanced together (one request each per step).
+        strict: raise :class:`BackendError` on the first failed request instead of recording it.
+        slack_tokens: allowance for re-tokenising chunk and memory texts inside a prompt (a boundary can
+            merge differently than in the whole document).
+    """
+
+    chunk_tokens: int = 5000
+    memory_tokens: int = 1024
+    final_tokens: int = 1024
+    max_context_tokens: int | None = None
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    batch_size: int = 8
+    strict: bool = False
+    slack_tokens: int = 16
+
+    def __post_init__(self):
+        for name in ("chunk_tokens", "memory_tokens", "final_tokens", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_context_tokens is not None and self.max_context_tokens < 2:
+            raise ConfigError(f"max_context_tokens must be >= 2 or None, got {self.max_context_tokens}")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ConfigError(f"need temperature >= 0 and 0 < top_p <= 1, got {self.temperature}, {self.top_p}")
+
+
+@dataclass
+class _State:
+    """Mutable progress of one sample inside the loop."""
+
+    sample: Sample
+    chunks: list[Chunk]
+    document_tokens: int
+    next_chunk: int = 0
+    memory: str = ""
+    turns: list[Turn] = field(default_factory=list)
+    result: Trajectory | None = None
+
+
+TurnCallback = Callable[[Sample, Turn], None]
+ResultCallback = Callable[[Sample, Trajectory], None]
+
+
+class MemoryAgent:
+    """Answers questions over long documents through any :class:`Backend`.
+
+    Args:
+        backend: the chat model.
+        config: budgets and sampling (:class:`AgentConfig`).
+        templates: the prompts (:data:`DEFAULT_TEMPLATES` unless a checkpoint needs other wording).
+        tokenizer: the model's tokenizer, used for chunking and budgets; default ``backend.tokenizer``.
+
+    Raises:
+        ConfigError: no tokenizer is available (servers need one passed explicitly).
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        config: AgentConfig | None = None,
+        templates: PromptTemplates = DEFAULT_TEMPLATES,
+        tokenizer: Tokenizer | None = None,
+    ):
+        self.backend = backend
+        self.config = config or AgentConfig()
+        self.templates = templates
+        self.tokenizer = tokenizer or getattr(backend, "tokenizer", None)
+        if self.tokenizer is None:
+            raise ConfigError(
+                f"backend {backend.name!r} has no tokenizer: pass one (e.g. --tokenizer path/to/tokenizer.json) so "
+                "chunks and budgets can be counted in the model's tokens"
+            )
+        self._fixed: dict[str, int] = {}
+
+    # ----------------------------------------------------------------------------------------- budgets
+    def _prompt_tokens(self, messages: Sequence[Message]) -> int:
+        exact = self.backend.count_prompt_tokens(messages)
+        if exact is not None:
+            return exact
+        return sum(count_tokens(self.tokenizer, m.content) for m in messages) + DEFAULT_CHAT_OVERHEAD_TOKENS
+
+    def _fixed_tokens(self, kind: str) -> int:
+        """Tokens of a chat-wrapped template with empty slots (measured once)."""
+        if kind not in self._fixed:
+            t = self.templates
+            msgs = t.messages_update("", "", "") if kind == "update" else t.messages_final("", "")
+            marker = count_tokens(self.tokenizer, t.no_memory)
+            self._fixed[kind] = self._prompt_tokens(msgs) - marker  # the empty memory rendered the marker
+        return self._fixed[kind]
+
+    def check_budget(self, question: str, sample_id: str = "?") -> None:
+        """Check that both calls for ``question`` fit the backend's context window.
+
+        Raises:
+            ConfigError: naming the call, every term of the sum, and the setting to change.
+        """
+        window = self.backend.context_tokens
+        if window is None:
+            return
+        c = self.config
+        q = count_tokens(self.tokenizer, question)
+        mem_in = max(c.memory_tokens, count_tokens(self.tokenizer, self.templates.no_memory))
+        terms = {
+            "update": [("template", self._fixed_tokens("update")), ("question", q), ("memory cap", mem_in),
+                       ("chunk", c.chunk_tokens), ("slack", 2 * c.slack_tokens), ("new tokens", c.memory_tokens)],
+            "final": [("template", self._fixed_tokens("final")), ("question", q), ("memory cap", mem_in),
+                      ("slack", c.slack_tokens), ("new tokens", c.final_tokens)],
+        }
+        for call, parts in terms.items():
+            need = sum(v for _, v in parts)
+            if need > window:
+                detail = " + ".join(f"{k} {v}" for k, v in parts)
+                over = need - window
+                if call == "final":
+                    fix = "lower --final-tokens or --memory-tokens"
+                elif c.chunk_tokens - over >= 1:
+                    fix = f"lower --chunk-tokens to at most {c.chunk_tokens - over} (or lower --memory-tokens)"
+                else:
+                    fix = "lower --memory-tokens and --chunk-tokens"
+                raise ConfigError(
+                    f"sample {sample_id}: the {call} call needs {need} tokens ({detail}) but the context window of "
+                    f"{self.backend.name} is {window} tokens; {fix}, or use a larger context window"
+                )
+
+    # ------------------------------------------------------------------------------------------ loop
+    def _prepare(self, sample: Sample) -> _State:
+        text, n = center_truncate(sample.context, self.tokenizer, self.config.max_context_tokens)
+        chunks = chunk_text(text, self.tokenizer, self.config.chunk_tokens)
+        return _State(sample, chunks, n)
+
+    def _seed(self, sample_id: str, turn: int) -> int | None:
+        if self.config.seed is None:
+            return None
+        return zlib.crc32(f"{self.config.seed}/{sample_id}/{turn}".encode()) & 0x7FFFFFFF
+
+    def _request(self, st: _State) -> Request:
+        c, t, q = self.config, self.templates, st.sample.question
+        turn = len(st.turns)
+        if st.next_chunk < len(st.chunks):
+            msgs = t.messages_update(q, st.memory, st.chunks[st.next_chunk].text)
+            max_new, rid = c.memory_tokens, f"{st.sample.id}/chunk{st.next_chunk}"
+        else:
+            msgs = t.messages_final(q, st.memory)
+            max_new, rid = c.final_tokens, f"{st.sample.id}/final"
+        return Request(msgs, max_new, c.temperature, c.top_p, self._seed(st.sample.id, turn), rid)
+
+    def _apply(self, st: _State, req: Request, comp: Completion) -> Turn:
+        is_update = st.next_chunk < len(st.chunks)
+        ok = comp.finish_reason != "error"
+        if is_update and ok:
+            st.memory = strip_reasoning(comp.text).strip()
+        turn = Turn(
+            kind="update" if is_update else "final",
+            chunk_index=st.next_chunk if is_update else None,
+            prompt_tokens=comp.usage.prompt_tokens or len(comp.prompt_token_ids or ()),
+            completion_tokens=comp.usage.completion_tokens or len(comp.token_ids or ()),
+            memory=st.memory,
+            output=comp.text,
+            finish_reason=comp.finish_reason,
+            seconds=comp.seconds,
+            prompt_token_ids=comp.prompt_token_ids,
+            response_token_ids=comp.token_ids,
+        )
+        st.turns.append(turn)
+        s = st.sample
+        if not ok:
+            msg = comp.error or "backend returned an error"
+            if self.config.strict:
+                raise BackendError(msg, req.request_id)
+            st.result = Trajectory(s.id, s.question, tuple(st.turns), "", "", "empty", st.document_tokens,
+                                   error=f"{req.request_id}: {msg}", prompt_hash=self.templates.hash)
+        elif is_update:
+            st.next_chunk += 1
+        else:
+            ext = extract_answer(comp.text)
+            st.result = Trajectory(s.id, s.question, tuple(st.turns), comp.text, ext.answer, ext.method,
+                                   st.document_tokens, prompt_hash=self.templates.hash)
+        return turn
+
+    def run(
+        self,
+        samples: Sequence[Sample],
+        on_result: ResultCallback | None = None,
+        on_turn: TurnCallback | None = None,
+        progress: bool = False,
+    ) -> list[Trajectory]:
+        """Answer every sample; returns trajectories in input order.
+
+        Args:
+            samples: the questions and documents.
+            on_result: called with each sample's trajectory as soon as it is finished (write results here).
+            on_turn: called after every turn (e.g. to print the memory as it evolves).
+            progress: show progress bars (samples done; turns done).
+
+        Raises:
+            ConfigError: a sample's calls cannot fit the context window (checked for all samples before
+                the first call).
+            BackendError: only with ``strict=True``, on the first failed request.
+        """
+        for s in samples:
+            self.check_budget(s.question, s.id)
+        bars = _Bars(len(samples)) if progress else None
+        waiting = deque(range(len(samples)))
+        active: list[tuple[int, _State]] = []
+        results: list[Trajectory | None] = [None] * len(samples)
+        try:
+            while waiting or active:
+                while waiting and len(active) < self.config.batch_size:
+                    i = waiting.popleft()
+                    st = self._prepare(samples[i])
+                    active.append((i, st))
+                    if bars:
+                        bars.add_turns(len(st.chunks) + 1)
+                requests = [self._request(st) for _, st in active]
+                t0 = time.perf_counter()
+                comps = self.backend.generate(requests)
+                if len(comps) != len(requests):
+                    raise BackendError(f"{self.backend.name} returned {len(comps)} completions for {len(requests)} requests")
+                still = []
+                for (i, st), req, comp in zip(active, requests, comps):
+                    if not comp.seconds:
+                        comp = _with_seconds(comp, (time.perf_counter() - t0) / len(requests))
+                    turn = self._apply(st, req, comp)
+                    if on_turn:
+                        on_turn(st.sample, turn)
+                    if bars:
+                        bars.turn_done()
+                    if st.result is None:
+                        still.append((i, st))
+                        continue
+                    results[i] = st.result
+                    if bars:
+                        bars.sample_done(len(st.chunks) + 1 - len(st.turns))
+                    if on_result:
+                        on_result(st.sample, st.result)
+                active = still
+        finally:
+            if bars:
+                bars.close()
+        return results  # type: ignore[return-value]
+
+    def answer(self, question: str, document: str, sample_id: str = "0", **kwargs) -> Trajectory:
+        """Answer one question over one document (see :meth:`run` for keyword arguments)."""
+        return self.run([Sample(sample_id, question, document)], **kwargs)[0]
+
+
+def _with_seconds(c: Completion, seconds: float) -> Completion:
+    from dataclasses import replace
+
+    return replace(c, seconds=seconds)
+
+
+class _Bars:
+    """Two tqdm bars: samples finished, and turns (one per chunk plus the final one) finished."""
+
+    def __init__(self, n_samples: int):
+        from tqdm.auto import tqdm
+
+        self.samples = tqdm(total=n_samples, desc="samples", unit="sample", position=0)
+        self.turns = tqdm(total=0, desc="turns", unit="turn", position=1)
+
+    def add_turns(self, n: int) -> None:
+        self.turns.total += n
+        self.turns.refresh()
+
+    def turn_done(self) -> None:
+        self.turns.update(1)
+
+    def sample_done(self, skipped_turns: int) -> None:
+        if skipped_turns:  # a failed sample does not run its remaining turns
+            self.turns.total -= skipped_turns
+        self.samples.update(1)
+
+    def close(self) -> None:
+        self.turns.close()
+        self.samples.close()
+
+
+def trace_rows(trajectory: Trajectory) -> list[dict]:
+    """One JSON-ready row per turn: sample id, turn number, chunk index, kind, prompt and completion tokens,
+    memory text, output, finish reason, seconds."""
+    return [{"sample_id": trajectory.sample_id, "turn": i, **t.to_dict()} for i, t in enumerate(trajectory.turns)]
+
+
+def write_trace(path: str | os.PathLike, trajectories: Sequence[Trajectory], append: bool = False) -> None:
+    """Write the per-turn trace of every trajectory as JSONL (see :func:`trace_rows`)."""
+    with open(path, "a" if append else "w", encoding="utf-8") as f:
+        for traj in trajectories:
+            for row in trace_rows(traj):
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
