@@ -1,0 +1,281 @@
+"""Verifiers: score a prediction against gold answers. Shared by evaluation and RL rewards.
+
+Every verifier has the signature ``verifier(prediction: str, answers: Sequence[str]) -> float`` and returns a
+score in ``[0, 1]``; :data:`VERIFIERS` maps names to them. Eval metrics and training rewards call the same
+functions, so a reward is always a verifier's score.
+
+Our defaults versus the reference (reference doc sections 2.6, 3.3, 4.9 and 6, item 5):
+
+- ``sub_em``: containment either way after normalisation, best over all gold answers. A prediction (or a gold
+  answer) that normalises to the empty string scores 0: the empty string is contained in every string, so
+  without this rule a prediction such as "The." would count as correct. ``sub_em_reference`` keeps the
+  reference's behaviour: only ``answers[0]`` is used, a raw prediction that is empty scores 0, but one that
+  normalises to "" (e.g. "the", "...") scores 1.
+- ``strict_boxed``: the training reward. The content of the last ``\\boxed{}`` in the whole response must
+  equal a gold answer after :func:`normalize_answer` (the same normalisation as the eval metrics).
+  ``strict_boxed_reference`` keeps the reference's training reward: only the last 300 characters of the
+  response are searched, both sides are lower-cased and passed through a MATH-style ``strip_string`` that
+  deletes every space (so "new york" equals "newyork") but keeps punctuation and articles.
+- ``f1``: SQuAD token F1 with the rule that a yes/no/noanswer answer must match exactly; best over answers
+  (the reference scores against ``answers[0]`` only: ``f1_reference``).
+- ``string_match_all`` / ``string_match_part``: RULER's metrics, per item in ``[0, 1]`` (RULER multiplies the
+  mean by 100).
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+from memagent.registry import Registry
+
+Verifier = Callable[[str, Sequence[str]], float]
+
+VERIFIERS: Registry[Verifier] = Registry("verifier")
+
+_PUNCTUATION = str.maketrans("", "", string.punctuation)
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_YES_NO = frozenset({"yes", "no", "noanswer"})
+
+
+def normalize_answer(text: str | None) -> str:
+    """SQuAD answer normalisation.
+
+    Lower-case, delete ASCII punctuation, replace the whole words a/an/the by a space, collapse whitespace.
+
+    Args:
+        text: the raw answer (``None`` is treated as "").
+
+    Returns:
+        The normalised answer ("" for an empty or all-punctuation/article answer).
+
+    Source: reference doc section 2.6 (``normalize_answer``), the SQuAD v1.1 evaluation script.
+    """
+    if not text:
+        return ""
+    text = text.lower().translate(_PUNCTUATION)
+    text = _ARTICLES.sub(" ", text)
+    return " ".join(text.split())
+
+
+def _as_list(answers: Sequence[str] | str) -> list[str]:
+    if isinstance(answers, str):
+        return [answers]
+    return [a for a in answers if a is not None]
+
+
+@VERIFIERS.register("exact_match")
+def exact_match(prediction: str, answers: Sequence[str]) -> float:
+    """1.0 when the normalised prediction equals a normalised gold answer, else 0.0.
+
+    An empty normalised prediction never matches (not even an empty gold answer).
+    """
+    pred = normalize_answer(prediction)
+    if not pred:
+        return 0.0
+    return float(any(pred == normalize_answer(a) for a in _as_list(answers)))
+
+
+@VERIFIERS.register("sub_em")
+def sub_em(prediction: str, answers: Sequence[str]) -> float:
+    """Substring exact match, either way: gold in prediction or prediction in gold, after normalisation.
+
+    Best over all gold answers. A prediction or gold answer that normalises to "" scores 0 (see the module
+    docstring for why, and :func:`sub_em_reference` for the reference's behaviour).
+
+    Source: reference doc section 2.6 (``sub_em``, the paper's reported "accuracy") and section 6 item 5.
+    """
+    pred = normalize_answer(prediction)
+    if not pred:
+        return 0.0
+    for a in _as_list(answers):
+        gold = normalize_answer(a)
+        if gold and (gold in pred or pred in gold):
+            return 1.0
+    return 0.0
+
+
+@VERIFIERS.register("sub_em_reference")
+def sub_em_reference(prediction: str | None, answers: Sequence[str]) -> float:
+    """The reference's ``sub_em``: only ``answers[0]``; an empty raw prediction scores 0, but a prediction
+    that normalises to "" is contained in any gold answer and scores 1.
+
+    Source: reference doc section 2.6; kept for comparing with published numbers.
+    """
+    golds = _as_list(answers)
+    if not prediction or not prediction.strip() or not golds:
+        return 0.0
+    pred, gold = normalize_answer(prediction), normalize_answer(golds[0])
+    return float(gold in pred or pred in gold)
+
+
+def _f1_one(pred: str, gold: str) -> float:
+    if (pred in _YES_NO or gold in _YES_NO) and pred != gold:
+        return 0.0
+    pred_tokens, gold_tokens = pred.split(), gold.split()
+    common = Counter(pred_tokens) & Counter(gold_tokens)
+    num_same = sum(common.values())
+    if num_same == 0:
+        return 0.0
+    precision = num_same / len(pred_tokens)
+    recall = num_same / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+@VERIFIERS.register("f1")
+def f1(prediction: str, answers: Sequence[str]) -> float:
+    """SQuAD token F1 between normalised strings, best over gold answers.
+
+    If either side normalises to yes/no/noanswer and the two differ, F1 is 0. Empty predictions score 0.
+
+    Source: reference doc section 2.6 (``f1``), HotpotQA's evaluation script.
+    """
+    pred = normalize_answer(prediction)
+    if not pred:
+        return 0.0
+    return max((_f1_one(pred, normalize_answer(a)) for a in _as_list(answers)), default=0.0)
+
+
+@VERIFIERS.register("f1_reference")
+def f1_reference(prediction: str | None, answers: Sequence[str]) -> float:
+    """The reference's F1: like :func:`f1` but against ``answers[0]`` only."""
+    golds = _as_list(answers)
+    if not prediction or not golds:
+        return 0.0
+    return _f1_one(normalize_answer(prediction), normalize_answer(golds[0]))
+
+
+@VERIFIERS.register("string_match_all")
+def string_match_all(prediction: str, answers: Sequence[str]) -> float:
+    """RULER all-match: the share of gold strings found in the prediction (case-insensitive substring).
+
+    Source: NVIDIA RULER ``eval/synthetic/constants.py``; ruler-tasks.md (niah, vt, cwe, fwe).
+    """
+    golds = _as_list(answers)
+    if not golds:
+        return 0.0
+    pred = (prediction or "").lower()
+    return sum(g.lower() in pred for g in golds) / len(golds)
+
+
+@VERIFIERS.register("string_match_part")
+def string_match_part(prediction: str, answers: Sequence[str]) -> float:
+    """RULER part-match: 1.0 if any gold string occurs in the prediction (case-insensitive substring).
+
+    Source: NVIDIA RULER ``eval/synthetic/constants.py``; ruler-tasks.md (qa tasks).
+    """
+    pred = (prediction or "").lower()
+    return float(any(g.lower() in pred for g in _as_list(answers)))
+
+
+@VERIFIERS.register("strict_boxed")
+def strict_boxed_reward(response: str, answers: Sequence[str]) -> float:
+    """The strict training reward: the last ``\\boxed{...}`` of the response equals a gold answer.
+
+    Equality is after :func:`normalize_answer`; a missing box or a box that normalises to "" scores 0.
+    The whole response is searched (the reference looks only at its last 300 characters, see
+    :func:`strict_boxed_reward_reference`).
+
+    Args:
+        response: the model's raw final response.
+        answers: gold answers.
+
+    Returns:
+        1.0 or 0.0.
+
+    Source: reference doc section 4.9 (binary, strict reward from the last boxed answer).
+    """
+    from memagent.answers import last_boxed
+
+    boxed = last_boxed(response or "")
+    if boxed is None:
+        return 0.0
+    return exact_match(boxed, answers)
+
+
+# ----------------------------------------------------------------------------- reference compatibility
+
+_REFERENCE_WINDOW_CHARS = 300
+
+
+def reference_last_boxed(text: str) -> str | None:
+    """The reference's boxed extraction: the last ``\\boxed`` (or, if none, ``\\fbox``).
+
+    If the text contains ``"\\boxed "`` (with a space), the answer is what follows the last such occurrence
+    up to the next ``$``; otherwise it is the brace-balanced content of the last ``\\boxed{...}``.
+    Returns ``None`` when there is no box or its braces are unbalanced.
+
+    Source: reference doc section 1.6.
+    """
+    if "\\boxed " in text:
+        return text.split("\\boxed ")[-1].split("$")[0]
+    start = text.rfind("\\boxed")
+    if start < 0:
+        start = text.rfind("\\fbox")
+        if start < 0:
+            return None
+    open_at = text.find("{", start)
+    if open_at < 0:
+        return None
+    depth = 0
+    for i in range(open_at, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[open_at + 1 : i]
+    return None
+
+
+def reference_strip_string(text: str) -> str:
+    """The MATH-style ``strip_string`` the reference applies before comparing (reference doc section 3.3).
+
+    Deletes newlines, ``\\!``, ``\\left``, ``\\right``, degree signs, ``\\$`` and ``\\%``; turns
+    ``\\tfrac``/``\\dfrac`` into ``\\frac``; writes a leading-dot decimal as ``0.``; deletes every space.
+    """
+    s = text.replace("\n", "").replace("\\!", "").replace("\\\\", "\\")
+    s = s.replace("tfrac", "frac").replace("dfrac", "frac")
+    s = s.replace("\\left", "").replace("\\right", "")
+    s = s.replace("^{\\circ}", "").replace("^\\circ", "")
+    s = s.replace("\\$", "").replace("\\%", "")
+    s = s.replace(" .", " 0.").replace("{.", "{0.")
+    if s.startswith("."):
+        s = "0" + s
+    return s.replace(" ", "")
+
+
+@VERIFIERS.register("strict_boxed_reference")
+def strict_boxed_reward_reference(response: str, answers: Sequence[str]) -> float:
+    """The reference's training reward, kept for comparison.
+
+    Looks only at the last 300 characters of the response, lower-cases them, takes the last boxed answer
+    (:func:`reference_last_boxed`) and compares it, after :func:`reference_strip_string`, with each
+    lower-cased, stripped gold answer. Differences from :func:`strict_boxed_reward`: a box that starts
+    more than 300 characters before the end is not seen; spaces are ignored entirely; punctuation and
+    articles matter ("The Beatles" does not equal "Beatles").
+
+    Source: reference doc sections 4.9 and 3.3.
+    """
+    tail = (response or "")[-_REFERENCE_WINDOW_CHARS:].lower()
+    boxed = reference_last_boxed(tail)
+    if boxed is None:
+        return 0.0
+    pred = reference_strip_string(boxed)
+    return float(any(pred == reference_strip_string(a.lower()) for a in _as_list(answers)))
+
+
+def get_verifier(name: str) -> Verifier:
+    """The verifier registered as ``name``.
+
+    Raises:
+        UnknownNameError: no such verifier (the message suggests the closest name).
+    """
+    return VERIFIERS.get(name)
+
+
+def score_all(prediction: str, answers: Sequence[str], names: Sequence[str]) -> dict[str, float]:
+    """Score one prediction with several verifiers: ``{name: score}``."""
+    return {n: get_verifier(n)(prediction, answers) for n in names}

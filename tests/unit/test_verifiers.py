@@ -1,0 +1,169 @@
+"""Verifiers against hand-computed values, including empty and degenerate predictions."""
+
+import pytest
+
+from memagent.errors import UnknownNameError
+from memagent.verifiers import (
+    VERIFIERS,
+    exact_match,
+    f1,
+    f1_reference,
+    get_verifier,
+    normalize_answer,
+    reference_last_boxed,
+    reference_strip_string,
+    score_all,
+    strict_boxed_reward,
+    strict_boxed_reward_reference,
+    string_match_all,
+    string_match_part,
+    sub_em,
+    sub_em_reference,
+)
+
+
+@pytest.mark.parametrize(
+    "raw, norm",
+    [
+        ("The  Beatles!", "beatles"),
+        ("An apple, a day", "apple day"),
+        ("Theory of the mind", "theory of mind"),  # 'the' only as a whole word
+        ("there", "there"),
+        ("U.S.A.", "usa"),
+        ("  \n\t ", ""),
+        ("the", ""),
+        ("...", ""),
+        (None, ""),
+        ("", ""),
+    ],
+)
+def test_normalize_answer(raw, norm):
+    assert normalize_answer(raw) == norm
+
+
+def test_exact_match():
+    assert exact_match("the Beatles.", ["Beatles"]) == 1.0
+    assert exact_match("Beatles", ["Rolling Stones", "beatles"]) == 1.0
+    assert exact_match("The Beatles band", ["Beatles"]) == 0.0
+    assert exact_match("", [""]) == 0.0
+    assert exact_match("the", ["a"]) == 0.0  # both normalise to "": never a match
+    assert exact_match("x", []) == 0.0
+
+
+def test_sub_em_both_directions_and_empty_rule():
+    assert sub_em("It was Paris, France", ["Paris"]) == 1.0  # gold in prediction
+    assert sub_em("Paris", ["Paris, France"]) == 1.0  # prediction in gold
+    assert sub_em("London", ["Paris"]) == 0.0
+    assert sub_em("Lyon", ["Paris", "lyon"]) == 1.0  # any gold answer
+    # degenerate predictions: normalise to "" -> 0, unlike the reference mode
+    for degenerate in ["", "the", "...", " ", "A."]:
+        assert sub_em(degenerate, ["Paris"]) == 0.0
+    # a gold that normalises to "" never matches in our mode
+    assert sub_em("anything", ["The"]) == 0.0
+
+
+def test_sub_em_reference_uses_first_answer_only():
+    assert sub_em_reference("lyon", ["Paris", "Lyon"]) == 0.0
+    assert sub_em("lyon", ["Paris", "Lyon"]) == 1.0
+    assert sub_em_reference("the", ["Paris"]) == 1.0  # "" in "paris" (the documented leniency)
+    assert sub_em_reference("", ["Paris"]) == 0.0
+    assert sub_em_reference("  ", ["Paris"]) == 0.0  # blank counts as empty (the reference strips first)
+    assert sub_em_reference("...", ["Paris"]) == 1.0
+    assert sub_em_reference("A.", ["Paris"]) == 1.0
+    assert sub_em_reference(None, ["Paris"]) == 0.0
+    assert sub_em_reference("Paris", []) == 0.0
+
+
+def test_f1_hand_computed():
+    # pred tokens: [barack, obama, jr] ; gold: [barack, obama]; common 2 -> P=2/3 R=1 F1=0.8
+    assert f1("Barack Obama Jr.", ["Barack Obama"]) == pytest.approx(0.8)
+    # pred [new, york, city, hall] gold [york, city]: P=2/4, R=1, F1=2*0.5*1/1.5=2/3
+    assert f1("New York City Hall", ["York City"]) == pytest.approx(2 / 3)
+    # repeated tokens count with multiplicity: pred [a1,a1] gold [a1]: common 1, P=1/2, R=1 -> 2/3
+    assert f1("paris paris", ["paris"]) == pytest.approx(2 / 3)
+    assert f1("London", ["Paris"]) == 0.0
+    assert f1("", ["Paris"]) == 0.0
+    assert f1("the", ["Paris"]) == 0.0
+    # best over answers
+    assert f1("Paris", ["London", "Paris"]) == 1.0
+    assert f1_reference("Paris", ["London", "Paris"]) == 0.0
+
+
+def test_f1_yes_no_rule():
+    assert f1("yes", ["yes"]) == 1.0
+    assert f1("yes it is", ["yes"]) == 0.0  # gold is yes, differs -> 0 (plain token F1 would give 0.5)
+    assert f1("no", ["no way"]) == 0.0
+    assert f1("noanswer", ["no answer"]) == 0.0
+
+
+def test_string_match_all_and_part():
+    golds = ["1234567", "7654321", "ABC", "zz"]
+    pred = "The numbers are 1234567 and abc."
+    assert string_match_all(pred, golds) == 0.5  # 2 of 4, case-insensitive
+    assert string_match_part(pred, golds) == 1.0
+    assert string_match_part("nothing", golds) == 0.0
+    assert string_match_all("", golds) == 0.0
+    assert string_match_all("anything", []) == 0.0
+    assert string_match_part("anything", []) == 0.0
+    assert string_match_all(None, ["a"]) == 0.0
+
+
+def test_strict_boxed_reward():
+    assert strict_boxed_reward("so \\boxed{The Beatles}.", ["Beatles"]) == 1.0
+    assert strict_boxed_reward("\\boxed{Paris} then \\boxed{Lyon}", ["Paris"]) == 0.0  # last box counts
+    assert strict_boxed_reward("\\boxed{Paris} then \\boxed{Lyon}", ["lyon"]) == 1.0
+    assert strict_boxed_reward("The answer is Paris", ["Paris"]) == 0.0  # no box
+    assert strict_boxed_reward("\\boxed{}", [""]) == 0.0  # empty box never scores
+    assert strict_boxed_reward("\\boxed{Paris, France}", ["Paris"]) == 0.0  # strict: no containment
+    assert strict_boxed_reward("\\boxed{Paris", ["Paris"]) == 0.0  # unclosed box
+    assert strict_boxed_reward("", ["Paris"]) == 0.0
+    # a box far from the end still counts here (not in the reference mode)
+    far = "\\boxed{Paris}" + "x" * 400
+    assert strict_boxed_reward(far, ["Paris"]) == 1.0
+    assert strict_boxed_reward_reference(far, ["Paris"]) == 0.0
+
+
+def test_strict_boxed_reference_mode():
+    assert strict_boxed_reward_reference("\\boxed{New York}", ["newyork"]) == 1.0  # spaces dropped
+    assert strict_boxed_reward_reference("\\boxed{New York}", ["new york"]) == 1.0
+    assert strict_boxed_reward_reference("\\boxed{The Beatles}", ["Beatles"]) == 0.0  # articles kept
+    assert strict_boxed_reward_reference("\\boxed{Beatles.}", ["Beatles"]) == 0.0  # punctuation kept
+    assert strict_boxed_reward("\\boxed{Beatles.}", ["Beatles"]) == 1.0
+    assert strict_boxed_reward_reference("\\boxed 42$ tail", ["42"]) == 1.0
+    assert strict_boxed_reward_reference("\\fbox{7}", ["7"]) == 1.0
+    assert strict_boxed_reward_reference("no box", ["x"]) == 0.0
+
+
+def test_reference_helpers():
+    assert reference_last_boxed("a \\boxed{x{y}z} b") == "x{y}z"
+    assert reference_last_boxed("\\boxed{a} \\boxed{b}") == "b"
+    assert reference_last_boxed("\\boxed{open") is None
+    assert reference_last_boxed("nothing") is None
+    assert reference_strip_string("\\dfrac{1}{2}") == "\\frac{1}{2}"
+    assert reference_strip_string(" .5 \\%") == "0.5"
+    assert reference_strip_string(".5") == "0.5"
+    assert reference_strip_string("90^\\circ\n") == "90"
+
+
+def test_registry():
+    names = VERIFIERS.names()
+    for n in [
+        "exact_match",
+        "sub_em",
+        "sub_em_reference",
+        "f1",
+        "f1_reference",
+        "string_match_all",
+        "string_match_part",
+        "strict_boxed",
+        "strict_boxed_reference",
+    ]:
+        assert n in names
+    assert get_verifier("sub_em") is sub_em
+    with pytest.raises(UnknownNameError, match="sub_em"):
+        get_verifier("sub_emm")
+    assert score_all("Paris", ["Paris, France"], ["exact_match", "sub_em", "f1"]) == {
+        "exact_match": 0.0,
+        "sub_em": 1.0,
+        "f1": pytest.approx(2 / 3),
+    }
