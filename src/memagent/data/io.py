@@ -1,0 +1,151 @@
+"""Read and write samples: JSONL, JSON and parquet, our schema and the reference's layouts.
+
+``read_samples(path)`` accepts, by file extension:
+
+- ``.jsonl``: one object per line (our schema, or any reference layout, see
+  :func:`memagent.data.schema.sample_from_reference`); blank lines are skipped;
+- ``.json``: a list of such objects (the reference's ``eval_{N}.json`` and ``eval_{task}_{len}.json``);
+- ``.parquet``: rows of such objects (the reference's training parquet).
+
+Errors name the file, the line (JSONL) or row index (JSON list, parquet) and the field. Writers pick the format
+from the extension too and write to a temporary file first, so a crash never leaves half a file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from memagent.data.schema import sample_from_hf, sample_from_reference
+from memagent.errors import DataError
+from memagent.types import Sample
+
+_FORMATS = (".jsonl", ".json", ".parquet")
+
+
+def _format(path: Path) -> str:
+    for ext in _FORMATS:
+        if path.name.endswith(ext):
+            return ext
+    raise DataError(f"{str(path)!r}: unknown file type; use one of {', '.join(_FORMATS)}")
+
+
+def iter_records(path: str | os.PathLike) -> Iterator[tuple[str, Any]]:
+    """Yield ``(location, record)`` for every record of a JSONL / JSON / parquet file.
+
+    ``location`` is ``"<file>:<line>"`` for JSONL and ``"<file>[<row>]"`` otherwise.
+
+    Raises:
+        DataError: the file is missing, or a line/file is not valid JSON.
+    """
+    p = Path(path)
+    fmt = _format(p)
+    if not p.is_file():
+        raise DataError(f"input file {str(p)!r} not found")
+    if fmt == ".jsonl":
+        with open(p, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{p}:{lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
+                yield f"{p}:{lineno}", obj
+    elif fmt == ".json":
+        try:
+            with open(p, encoding="utf-8") as f:
+                data = json.load(f)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{p}:{e.lineno}: invalid JSON ({e.msg})") from None
+        if isinstance(data, dict) and isinstance(data.get("samples"), list):
+            data = data["samples"]
+        if not isinstance(data, list):
+            raise DataError(f"{p}: expected a JSON list of sample objects, got {type(data).__name__}")
+        for i, obj in enumerate(data):
+            yield f"{p}[{i}]", obj
+    else:
+        import pyarrow.parquet as pq
+
+        for i, obj in enumerate(pq.read_table(p).to_pylist()):
+            yield f"{p}[{i}]", obj
+
+
+def read_samples(path: str | os.PathLike, limit: int | None = None) -> list[Sample]:
+    """Read samples from a file (see the module docstring for the accepted formats and layouts).
+
+    Args:
+        path: a ``.jsonl``, ``.json`` or ``.parquet`` file.
+        limit: read at most this many samples.
+
+    Returns:
+        The samples in file order.
+
+    Raises:
+        DataError: unreadable file, malformed record (message names file, line and field), or duplicate ids.
+    """
+    out: list[Sample] = []
+    seen: dict[str, str] = {}
+    for where, obj in iter_records(path):
+        if limit is not None and len(out) >= limit:
+            break
+        s = sample_from_reference(obj, where)
+        if s.id in seen:
+            raise DataError(f"{where}: duplicate sample id {s.id!r} (first at {seen[s.id]}); ids must be unique")
+        seen[s.id] = where
+        out.append(s)
+    return out
+
+
+def samples_from_hf(dataset: Iterable[Any], limit: int | None = None) -> list[Sample]:
+    """Convert a Hugging Face ``datasets`` split (HotpotQA distractor or SQuAD v2) into samples.
+
+    Raises:
+        DataError: a row has neither layout (names its index).
+    """
+    out = []
+    for i, row in enumerate(dataset):
+        if limit is not None and i >= limit:
+            break
+        out.append(sample_from_hf(row, f"<dataset row {i}>"))
+    return out
+
+
+def _tmp(path: Path) -> Path:
+    return path.with_name(path.name + ".tmp")
+
+
+def write_records(path: str | os.PathLike, records: Iterable[dict[str, Any]]) -> None:
+    """Write plain records as JSONL / JSON / parquet (by extension), atomically."""
+    p = Path(path)
+    fmt = _format(p)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp(p)
+    if fmt == ".jsonl":
+        with open(tmp, "w", encoding="utf-8") as f:
+            for r in records:
+                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    elif fmt == ".json":
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(list(records), f, ensure_ascii=False)
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        rows = list(records)
+        for r in rows:  # parquet cannot hold an empty struct: store metadata as JSON text
+            if "metadata" in r:
+                r["metadata"] = json.dumps(r["metadata"], ensure_ascii=False)
+        pq.write_table(pa.Table.from_pylist(rows), tmp)
+    os.replace(tmp, p)
+
+
+def write_samples(path: str | os.PathLike, samples: Iterable[Sample]) -> None:
+    """Write samples in our schema; the format follows the extension (``.jsonl``, ``.json``, ``.parquet``).
+
+    In parquet, ``metadata`` is stored as a JSON string column (read back transparently).
+    """
+    write_records(path, (s.to_dict() for s in samples))

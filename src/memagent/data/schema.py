@@ -1,0 +1,209 @@
+"""The sample contract: how a :class:`memagent.types.Sample` is written down, checked and converted.
+
+One sample is one JSON object::
+
+    {"id": str, "question": str, "context": str,
+     "answers": [str, ...],            # optional, default []
+     "metadata": {...}}                # optional, default {}
+
+Instead of ``context`` a record may give ``documents`` (a list of strings); they are rendered as numbered
+documents (:func:`render_documents`), the layout of RULER's qa tasks and RULER-HotpotQA. Metadata keys that
+the builders always set (readers do not require them):
+
+- ``task``: task name (``hotpotqa``, ``niah_single_2``, ...);
+- ``length_tokens``: length of ``context`` in tokens of ``tokenizer``;
+- ``tokenizer``: the tokenizer's name;
+- ``target_tokens`` / ``num_docs``: what the builder aimed at;
+- ``source``: where the question came from (e.g. ``hotpotqa-dev:<dev_index>``).
+
+Also here: converters from the reference's own record layouts (reference doc section 3.5) and from Hugging
+Face ``datasets`` rows, each returning a Sample or raising :class:`DataError` naming where and which field.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from memagent.errors import DataError
+from memagent.types import Sample
+
+SAMPLE_FIELDS = ("id", "question", "context", "answers", "metadata")
+
+
+def render_documents(documents: Sequence[str]) -> str:
+    """Numbered documents, ``Document 1:\\n<text>``, separated by blank lines.
+
+    Source: reference doc section 3.2 (the RULER-HotpotQA layout; RULER's qa tasks use the same).
+    """
+    return "\n\n".join(f"Document {i}:\n{doc}" for i, doc in enumerate(documents, 1))
+
+
+def _need(obj: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if key not in obj:
+        raise DataError(f"{where}: missing field {key!r}")
+    val = obj[key]
+    if not isinstance(val, kind):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise DataError(f"{where}: field {key!r} must be {names}, got {type(val).__name__}")
+    return val
+
+
+def _answers(val: Any, where: str, key: str) -> tuple[str, ...]:
+    if val is None:
+        return ()
+    if isinstance(val, str):
+        return (val,)
+    if hasattr(val, "tolist"):  # numpy arrays from parquet
+        val = val.tolist()
+    if not isinstance(val, (list, tuple)) or not all(isinstance(a, str) for a in val):
+        raise DataError(f"{where}: field {key!r} must be a list of strings")
+    return tuple(val)
+
+
+def sample_from_dict(obj: Any, where: str = "<record>") -> Sample:
+    """Check and convert one record of our schema.
+
+    Args:
+        obj: the parsed JSON object.
+        where: location for error messages (``file:line``).
+
+    Raises:
+        DataError: not an object, or a field is missing or has the wrong type (names ``where`` and the field).
+    """
+    if not isinstance(obj, Mapping):
+        raise DataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    sid = _need(obj, "id", (str, int), where)
+    question = _need(obj, "question", str, where)
+    if "context" in obj:
+        context = _need(obj, "context", str, where)
+    elif "documents" in obj:
+        docs = _need(obj, "documents", list, where)
+        if not all(isinstance(d, str) for d in docs):
+            raise DataError(f"{where}: field 'documents' must be a list of strings")
+        context = render_documents(docs)
+    else:
+        raise DataError(f"{where}: missing field 'context' (or 'documents')")
+    answers = _answers(obj.get("answers"), where, "answers")
+    metadata = obj.get("metadata") or {}
+    if isinstance(metadata, str):  # parquet stores metadata as JSON text
+        try:
+            metadata = json.loads(metadata)
+        except json.JSONDecodeError:
+            raise DataError(f"{where}: field 'metadata' is text but not a JSON object") from None
+    if not isinstance(metadata, Mapping):
+        raise DataError(f"{where}: field 'metadata' must be an object")
+    return Sample(str(sid), question, context, answers, dict(metadata))
+
+
+def sample_to_dict(sample: Sample) -> dict[str, Any]:
+    """The JSON object of a sample (our schema)."""
+    return sample.to_dict()
+
+
+def _context_text(obj: Mapping[str, Any], where: str) -> str:
+    ctx = obj.get("context")
+    if isinstance(ctx, str):
+        return ctx
+    if isinstance(ctx, list):
+        raise DataError(
+            f"{where}: field 'context' holds document indices into the reference's full HotpotQA/SQuAD pool "
+            "(its files above ~1M tokens); that pool is not available here. Rebuild such lengths with "
+            "`memagent data hotpotqa` or `memagent data ruler` instead."
+        )
+    raise DataError(f"{where}: missing or non-string field 'context'")
+
+
+def sample_from_reference(obj: Any, where: str = "<record>") -> Sample:
+    """Convert a record of one of the reference's layouts (reference doc section 3.5).
+
+    Recognised by their keys:
+
+    - RULER-HotpotQA eval (``eval_{N}.json``): ``context, input, answers, num_docs, index``;
+    - RULER OOD eval (``eval_{task}_{len}.json``): ``index, input, context, outputs, answer_prefix[, length]``;
+    - training parquet rows: ``prompt`` (list of one user message), ``context``, ``reward_model.ground_truth``,
+      ``extra_info.index``;
+    - our own schema (``id, question, context``).
+
+    Raises:
+        DataError: the record matches none of the layouts or a field is malformed.
+    """
+    if not isinstance(obj, Mapping):
+        raise DataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    if "id" in obj or "question" in obj:
+        return sample_from_dict(obj, where)
+    if "reward_model" in obj and "prompt" in obj:
+        return _from_train_row(obj, where)
+    if "input" in obj and ("answers" in obj or "outputs" in obj):
+        key = "answers" if "answers" in obj else "outputs"
+        meta = {k: obj[k] for k in ("num_docs", "answer_prefix", "length", "index") if k in obj}
+        if "length" in meta:
+            meta["reference_length_tokens"] = meta.pop("length")
+        sid = obj.get("index", obj.get("_id"))
+        if sid is None:
+            raise DataError(f"{where}: missing field 'index'")
+        question = _need(obj, "input", str, where)
+        return Sample(str(sid), question, _context_text(obj, where), _answers(obj[key], where, key), meta)
+    raise DataError(
+        f"{where}: unknown record layout (keys: {', '.join(sorted(obj))}); expected our schema "
+        "(id, question, context) or a reference eval/training record"
+    )
+
+
+def _from_train_row(obj: Mapping[str, Any], where: str) -> Sample:
+    prompt = obj["prompt"]
+    if hasattr(prompt, "tolist"):
+        prompt = prompt.tolist()
+    if not isinstance(prompt, (list, tuple)) or not prompt or not isinstance(prompt[0], Mapping):
+        raise DataError(f"{where}: field 'prompt' must be a list of chat messages")
+    question = prompt[0].get("content")
+    if not isinstance(question, str):
+        raise DataError(f"{where}: field 'prompt[0].content' must be a string")
+    rm = obj["reward_model"]
+    if not isinstance(rm, Mapping) or "ground_truth" not in rm:
+        raise DataError(f"{where}: field 'reward_model.ground_truth' is missing")
+    extra = obj.get("extra_info") or {}
+    sid = extra.get("index") if isinstance(extra, Mapping) else None
+    if sid is None:
+        raise DataError(f"{where}: field 'extra_info.index' is missing")
+    meta = {"data_source": obj.get("data_source"), "num_docs": extra.get("num_docs")}
+    answers = _answers(rm["ground_truth"], where, "reward_model.ground_truth")
+    return Sample(str(sid), question, _context_text(obj, where), answers, {k: v for k, v in meta.items() if v is not None})
+
+
+def sample_from_hf(row: Mapping[str, Any], where: str = "<row>") -> Sample:
+    """Convert a Hugging Face ``datasets`` row of HotpotQA (distractor) or SQuAD v2.
+
+    HotpotQA rows (``context = {title: [...], sentences: [[...], ...]}``) become numbered documents
+    (``title\\n`` + joined sentences) with ``answers = [answer]``; SQuAD rows keep their paragraph as context
+    and ``answers.text`` as answers (empty for unanswerable questions).
+
+    Raises:
+        DataError: neither layout.
+    """
+    ctx = row.get("context")
+    if isinstance(ctx, Mapping) and "title" in ctx and "sentences" in ctx:
+        docs = [f"{t}\n{''.join(s)}" for t, s in zip(ctx["title"], ctx["sentences"])]
+        meta = {k: row[k] for k in ("type", "level") if k in row}
+        meta["task"] = "hotpotqa"
+        return Sample(str(row.get("id", row.get("_id"))), row["question"], render_documents(docs), (row["answer"],), meta)
+    if isinstance(ctx, str) and isinstance(row.get("answers"), Mapping):
+        texts = tuple(row["answers"].get("text") or ())
+        return Sample(str(row["id"]), row["question"], ctx, texts, {"task": "squad", "title": row.get("title")})
+    raise DataError(f"{where}: not a HotpotQA-distractor or SQuAD-v2 row (keys: {', '.join(sorted(row))})")
+
+
+def write_manifest(path: str | os.PathLike, manifest: Mapping[str, Any]) -> None:
+    """Write a build manifest (seed, tokenizer, pool, counts, token statistics) as indented JSON."""
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=2, ensure_ascii=False, sort_keys=True)
+        f.write("\n")
+
+
+def token_stats(lengths: Sequence[int]) -> dict[str, float]:
+    """``{n, mean, min, max}`` of per-sample token counts (empty input gives zeros)."""
+    if not lengths:
+        return {"n": 0, "mean": 0.0, "min": 0, "max": 0}
+    return {"n": len(lengths), "mean": sum(lengths) / len(lengths), "min": min(lengths), "max": max(lengths)}

@@ -1,0 +1,133 @@
+"""Sample contract, readers/writers, reference layouts, data-root resolution."""
+
+import json
+
+import pytest
+
+from memagent.data import paths
+from memagent.data.io import read_samples, samples_from_hf, write_samples
+from memagent.data.schema import render_documents, sample_from_reference, token_stats
+from memagent.errors import DataError
+from memagent.types import Sample
+
+SAMPLES = [
+    Sample("a", "Who?", "Some text.", ("Ann", "Anne"), {"length_tokens": 3, "tokenizer": "bytes"}),
+    Sample("b", "Where? {memory}", "ünïcode \\boxed{x}", (), {}),
+]
+
+
+@pytest.mark.parametrize("ext", ["jsonl", "json", "parquet"])
+def test_round_trip(tmp_path, ext):
+    p = tmp_path / f"s.{ext}"
+    write_samples(p, SAMPLES)
+    back = read_samples(p)
+    assert back == SAMPLES
+    assert back[0].metadata == {"length_tokens": 3, "tokenizer": "bytes"}
+    assert not (tmp_path / f"s.{ext}.tmp").exists()
+
+
+def test_jsonl_errors_name_file_line_field(tmp_path):
+    p = tmp_path / "bad.jsonl"
+    p.write_text('{"id": "1", "question": "q", "context": "c"}\n\n{"id": "2", "context": "c"}\n')
+    with pytest.raises(DataError, match=r"bad\.jsonl:3: .*'question'"):
+        read_samples(p)
+    p.write_text('{"id": "1", "question": "q", "context": "c", "answers": [1]}\n')
+    with pytest.raises(DataError, match=r"bad\.jsonl:1: field 'answers' must be a list of strings"):
+        read_samples(p)
+    p.write_text('{"id": "1", "question": "q"\n')
+    with pytest.raises(DataError, match=r"bad\.jsonl:1: invalid JSON"):
+        read_samples(p)
+    p.write_text('{"id": "1", "question": "q", "context": "c"}\n{"id": "1", "question": "q", "context": "d"}\n')
+    with pytest.raises(DataError, match="duplicate sample id '1'"):
+        read_samples(p)
+    with pytest.raises(DataError, match="not found"):
+        read_samples(tmp_path / "missing.jsonl")
+    with pytest.raises(DataError, match="unknown file type"):
+        read_samples(tmp_path / "x.txt")
+
+
+def test_documents_field_and_optional_fields(tmp_path):
+    p = tmp_path / "d.jsonl"
+    p.write_text(json.dumps({"id": 7, "question": "q", "documents": ["T1\nx", "T2\ny"]}) + "\n")
+    (s,) = read_samples(p)
+    assert s.id == "7" and s.answers == () and s.metadata == {}
+    assert s.context == "Document 1:\nT1\nx\n\nDocument 2:\nT2\ny"
+    assert render_documents([]) == ""
+
+
+def test_reference_layouts(tmp_path):
+    hqa = [{"context": "Document 1:\nA\nb", "input": "Q1", "answers": ["x"], "num_docs": 50, "index": 12}]
+    p = tmp_path / "eval_50.json"
+    p.write_text(json.dumps(hqa))
+    (s,) = read_samples(p)
+    assert (s.id, s.question, s.context, s.answers, s.metadata["num_docs"]) == ("12", "Q1", "Document 1:\nA\nb", ("x",), 50)
+
+    ruler = {"index": 3, "input": "Find it.", "context": "hay", "outputs": ["1", "2"], "answer_prefix": "A:", "length": 8000}
+    s = sample_from_reference(ruler, "f[0]")
+    assert s.answers == ("1", "2") and s.metadata["reference_length_tokens"] == 8000
+
+    big = dict(hqa[0], context=[1, 2, 3])
+    with pytest.raises(DataError, match=r"f\[0\]: field 'context' holds document indices"):
+        sample_from_reference(big, "f[0]")
+
+    train = {
+        "data_source": "hotpotqa",
+        "prompt": [{"role": "user", "content": "Q?"}],
+        "context": "ctx",
+        "ability": "memory",
+        "reward_model": {"style": "rule", "ground_truth": ["g"]},
+        "extra_info": {"index": 5, "question": "Q?", "num_docs": 200},
+    }
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist([train]), tmp_path / "train.parquet")
+    (s,) = read_samples(tmp_path / "train.parquet")
+    assert (s.id, s.question, s.context, s.answers, s.metadata["num_docs"]) == ("5", "Q?", "ctx", ("g",), 200)
+
+    with pytest.raises(DataError, match="unknown record layout"):
+        sample_from_reference({"foo": 1}, "x")
+
+
+def test_hf_rows():
+    hotpot = {
+        "id": "h1",
+        "question": "q",
+        "answer": "a",
+        "type": "bridge",
+        "level": "hard",
+        "context": {"title": ["T1", "T2"], "sentences": [["s1. ", "s2."], ["u."]]},
+    }
+    squad = {"id": "s1", "title": "X", "context": "para", "question": "q2", "answers": {"text": ["p", "pa"], "answer_start": [0, 0]}}
+    a, b = samples_from_hf([hotpot, squad])
+    assert a.context == "Document 1:\nT1\ns1. s2.\n\nDocument 2:\nT2\nu." and a.answers == ("a",)
+    assert b.answers == ("p", "pa") and b.context == "para"
+    with pytest.raises(DataError, match="dataset row 0"):
+        samples_from_hf([{"x": 1}])
+
+
+def test_token_stats():
+    assert token_stats([3, 5, 10]) == {"n": 3, "mean": 6.0, "min": 3, "max": 10}
+    assert token_stats([])["n"] == 0
+
+
+def test_data_root_order(tmp_path, monkeypatch):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    monkeypatch.setenv(paths.ENV_VAR, str(b))
+    assert paths.data_root(a) == a  # explicit wins
+    assert paths.data_root() == b  # then the environment
+    monkeypatch.setenv(paths.ENV_VAR, str(tmp_path / "nope"))
+    with pytest.raises(DataError, match="MEMAGENT_DATA"):
+        paths.data_root()
+    with pytest.raises(DataError, match="--data-root"):
+        paths.data_root(tmp_path / "nope")
+    monkeypatch.delenv(paths.ENV_VAR)
+    monkeypatch.setattr(paths, "_repo_default", lambda: tmp_path / "absent")
+    with pytest.raises(DataError, match="MEMAGENT_DATA=DIR"):
+        paths.data_root()
+    monkeypatch.setattr(paths, "_repo_default", lambda: a)
+    assert paths.data_root() == a
+    with pytest.raises(DataError, match="not found under the data root"):
+        paths.data_file("x/y.json")
