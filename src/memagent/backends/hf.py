@@ -1,0 +1,260 @@
+"""In-process transformers backend: batched ``generate`` on a model that training can share.
+
+It is the rollout engine for CPU training: the trainer hands it its policy module, so rollouts always use
+the current weights, and every completion carries the exact sampled token ids and prompt ids.
+
+Token ids: ``Completion.token_ids`` are the generated ids without padding and **including** the stop token
+(EOS or end-of-turn) when the model emitted one (``finish_reason="stop"``). Training rows are built from
+these ids, so the model is trained to stop. ``Completion.text`` is decoded without the stop token and
+without special tokens.
+
+Prompts are rendered with the tokenizer's chat template through :func:`memagent.backends.chat.render_pieces`:
+template text is tokenized with special tokens parsed, message contents as plain text, so a document that
+contains ``<|im_end|>`` cannot inject a control token.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+from memagent.backends.chat import encode_pieces, messages_as_dicts, render_pieces
+from memagent.errors import ConfigError
+from memagent.tokenization import HFTokenizer
+from memagent.types import Completion, Message, Request, Usage
+
+#: End-of-turn markers of common chat templates; those present in the vocabulary also stop generation.
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "<|endoftext|>")
+
+
+def load_hf_model(path: str | os.PathLike, dtype: str = "bfloat16") -> tuple[Any, Any]:
+    """Load a causal LM and its tokenizer from an HF directory or a GGUF file.
+
+    A GGUF file is loaded with transformers' GGUF support (dequantized to ``dtype``); the GGUF quantizer
+    transformers attaches is dropped, because the weights are dense and trainers refuse "purely quantized"
+    models (ENVIRONMENT.md §3).
+
+    Args:
+        path: a model directory with ``config.json``, or a ``*.gguf`` file.
+        dtype: ``"bfloat16"`` or ``"float32"``.
+
+    Returns:
+        ``(model, tokenizer)`` (transformers objects); the model is in eval mode.
+
+    Raises:
+        ConfigError: path missing, or unknown dtype.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch_dtype = _torch_dtype(dtype)
+    p = os.fspath(path)
+    if p.endswith(".gguf"):
+        if not os.path.isfile(p):
+            raise ConfigError(f"GGUF file not found: {p!r}")
+        d, name = os.path.dirname(os.path.abspath(p)), os.path.basename(p)
+        tok = AutoTokenizer.from_pretrained(d, gguf_file=name)
+        model = AutoModelForCausalLM.from_pretrained(d, gguf_file=name, dtype=torch_dtype)
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+    elif os.path.isdir(p):
+        tok = AutoTokenizer.from_pretrained(p)
+        model = AutoModelForCausalLM.from_pretrained(p, dtype=torch_dtype)
+    else:
+        raise ConfigError(f"model path {p!r} is neither a model directory nor a .gguf file")
+    model.eval()
+    return model, tok
+
+
+def _torch_dtype(dtype: str):
+    import torch
+
+    table = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+    if dtype not in table:
+        raise ConfigError(f"dtype must be 'bfloat16' or 'float32', got {dtype!r}")
+    return table[dtype]
+
+
+class HFBackend:
+    """A transformers causal LM behind the Backend protocol.
+
+    Args:
+        model: a loaded ``PreTrainedModel`` (shared, not copied: training updates are seen by the next
+            rollout) or a path (HF directory or ``.gguf`` file, see :func:`load_hf_model`).
+        tokenizer: the transformers (fast) tokenizer; required when ``model`` is an object, loaded with the
+            model when it is a path.
+        dtype: weights dtype when loading from a path (``"bfloat16"`` or ``"float32"``); a model object is
+            used as it is.
+        max_batch_size: most requests per ``generate`` call.
+        context_tokens: context window; default the model's ``max_position_embeddings``.
+        seed: base seed for sampling; each batch is seeded from it and its requests' seeds and ids, so the
+            same batch samples the same tokens again (the global torch RNG is left untouched).
+
+    Raises:
+        ConfigError: no tokenizer, or the tokenizer has no chat template.
+    """
+
+    batched = True
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any = None,
+        dtype: str = "bfloat16",
+        max_batch_size: int = 8,
+        context_tokens: int | None = None,
+        seed: int = 0,
+    ):
+        name = "model"
+        if isinstance(model, (str, os.PathLike)):
+            name = os.path.basename(os.fspath(model).rstrip("/"))
+            model, loaded_tok = load_hf_model(model, dtype)
+            tokenizer = tokenizer or loaded_tok
+        if tokenizer is None:
+            raise ConfigError("HFBackend needs the model's tokenizer when given a model object: pass tokenizer=")
+        if not getattr(tokenizer, "chat_template", None):
+            raise ConfigError(
+                "the tokenizer has no chat template (a base model?); set tokenizer.chat_template to a Jinja template"
+            )
+        if max_batch_size < 1:
+            raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.model = model
+        self.hf_tokenizer = tokenizer
+        self.tokenizer = HFTokenizer(tokenizer, name=name)
+        from tokenizers import Tokenizer as _Raw
+
+        self._template_tok = _Raw.from_str(tokenizer.backend_tokenizer.to_str())
+        self._template_tok.no_truncation()
+        self._template_tok.no_padding()
+        self._template_tok.encode_special_tokens = False
+        self.max_batch_size = max_batch_size
+        self.context_tokens = context_tokens or getattr(model.config, "max_position_embeddings", None)
+        self.seed = seed
+        self.name = f"hf:{name}"
+        self.stop_ids = self._stop_ids()
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
+
+    def _stop_ids(self) -> list[int]:
+        tok = self.hf_tokenizer
+        ids: list[int] = []
+        eos = getattr(self.model.generation_config, "eos_token_id", None)
+        for x in [tok.eos_token_id] + (eos if isinstance(eos, list) else [eos]):
+            if x is not None and x not in ids:
+                ids.append(int(x))
+        vocab = tok.get_vocab()
+        for t in END_OF_TURN_TOKENS:
+            if t in vocab and vocab[t] not in ids:
+                ids.append(int(vocab[t]))
+        if not ids:
+            raise ConfigError("the tokenizer has no EOS or end-of-turn token; generation could never stop")
+        return ids
+
+    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
+        """Token ids of the chat-templated prompt (with the generation prompt), contents as plain text."""
+        render = lambda msgs: self.hf_tokenizer.apply_chat_template(  # noqa: E731
+            msgs, tokenize=False, add_generation_prompt=True
+        )
+        pieces = render_pieces(messages, render)
+        return encode_pieces(
+            pieces,
+            lambda s: self._template_tok.encode(s, add_special_tokens=False).ids,
+            self.tokenizer.encode,
+        )
+
+    def count_prompt_tokens(self, messages: Sequence[Message]) -> int | None:
+        return len(self.prompt_ids(messages))
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        """Generate one completion per request (request order); see the module docstring for token ids."""
+        out: list[Completion | None] = [None] * len(requests)
+        todo: dict[tuple[float, float], list[tuple[int, list[int]]]] = {}
+        for i, r in enumerate(requests):
+            try:
+                ids = self.prompt_ids(r.messages)
+            except Exception as e:  # a template failure concerns this request only
+                out[i] = Completion("", "error", error=f"{r.request_id}: {e}")
+                continue
+            if self.context_tokens and len(ids) + r.max_tokens > self.context_tokens:
+                out[i] = Completion(
+                    "", "error", usage=Usage(len(ids), 0),
+                    error=f"{r.request_id}: prompt {len(ids)} + max_tokens {r.max_tokens} tokens exceed the "
+                    f"context window of {self.context_tokens} tokens",
+                )
+                continue
+            key = (float(r.temperature), float(r.top_p) if r.temperature > 0 else 1.0)
+            todo.setdefault(key, []).append((i, ids))
+        for (temperature, top_p), items in todo.items():
+            for s in range(0, len(items), self.max_batch_size):
+                part = items[s : s + self.max_batch_size]
+                reqs = [requests[i] for i, _ in part]
+                try:
+                    comps = self._generate_batch(reqs, [ids for _, ids in part], temperature, top_p)
+                except Exception as e:  # noqa: BLE001 - reported per request, never raised for one batch
+                    comps = [Completion("", "error", error=f"{r.request_id}: {type(e).__name__}: {e}") for r in reqs]
+                for (i, _), c in zip(part, comps):
+                    out[i] = c
+        return [c for c in out if c is not None]
+
+    def _batch_seed(self, requests: Sequence[Request]) -> int:
+        key = "|".join(f"{r.seed}:{r.request_id}" for r in requests)
+        return zlib.crc32(f"{self.seed}|{key}".encode()) & 0x7FFFFFFF
+
+    def _generate_batch(
+        self, requests: Sequence[Request], prompts: list[list[int]], temperature: float, top_p: float
+    ) -> list[Completion]:
+        import torch
+        from transformers import GenerationConfig
+
+        t0 = time.perf_counter()
+        width = max(len(p) for p in prompts)
+        device = next(self.model.parameters()).device
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for b, p in enumerate(prompts):  # left padding: generation continues from the last column
+            ids[b, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+            mask[b, width - len(p) :] = 1
+        max_new = max(r.max_tokens for r in requests)
+        sample = temperature > 0
+        cfg = GenerationConfig(
+            max_new_tokens=max_new, do_sample=sample, temperature=temperature if sample else None,
+            top_p=top_p if sample else None, top_k=None, eos_token_id=self.stop_ids, pad_token_id=self.pad_id,
+            bos_token_id=None,
+        )
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.random.fork_rng(devices=[]), torch.no_grad():
+                torch.manual_seed(self._batch_seed(requests))
+                gen = self.model.generate(
+                    input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=cfg
+                )
+        finally:
+            self.model.train(was_training)
+        new = gen[:, width:].tolist()
+        seconds = (time.perf_counter() - t0) / len(requests)
+        return [self._completion(r, p, row, seconds) for r, p, row in zip(requests, prompts, new)]
+
+    def _completion(self, request: Request, prompt: list[int], row: list[int], seconds: float) -> Completion:
+        stops = set(self.stop_ids)
+        limit = min(len(row), request.max_tokens)
+        end = next((k for k in range(limit) if row[k] in stops), None)
+        if end is not None:
+            token_ids, finish, text_ids = row[: end + 1], "stop", row[:end]
+        else:
+            token_ids, finish, text_ids = row[:limit], "length", row[:limit]
+        text = self.hf_tokenizer.decode(text_ids, skip_special_tokens=True)
+        return Completion(
+            text=text,
+            finish_reason=finish,
+            usage=Usage(len(prompt), len(token_ids)),
+            token_ids=tuple(token_ids),
+            prompt_token_ids=tuple(prompt),
+            seconds=seconds,
+        )
+
+    def close(self) -> None:
+        """Nothing to release (the model may be shared with a trainer)."""
