@@ -1,0 +1,260 @@
+"""RULER-HotpotQA: a HotpotQA question with its paragraphs hidden among many distractor paragraphs.
+
+Recipe (reference doc sections 3.2 and 3.4): every paragraph of every question of a split becomes a document
+``title + "\\n" + "".join(sentences)``; the split's unique documents form the distractor pool. A sample is the
+question's own paragraphs (all of them: the 2 gold + the HotpotQA distractors) plus distractors drawn from the
+rest of the pool without replacement, shuffled and rendered as ``Document i:`` blocks. The size is either a
+number of documents (the paper's 50 ... 25600, about 141 Qwen2.5 tokens each) or a target token length.
+
+Differences from the reference: the shuffle and draws use one RNG per sample from ``(seed, sample id)`` (the
+reference reuses ``Random(4)`` for every shuffle, so the own paragraphs sit in the same slots for every
+question; section 6 item 6); asking for more documents than the pool holds is an error unless reuse is allowed
+(the reference silently uses the whole pool). The local dev subset's pool has 19,033 paragraphs (the full dev
+file: 66,635), so up to about 19,000 documents (~2.7M tokens) can be built without reuse.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from memagent.data import paths
+from memagent.data.documents import DocumentPool, draw_documents, fit_documents, sample_rng
+from memagent.data.schema import token_stats, write_manifest
+from memagent.errors import DataError
+from memagent.tokenization import Tokenizer
+from memagent.types import Sample
+
+#: The paper's document counts (reference doc section 2.1).
+PAPER_NUM_DOCS = (50, 100, 200, 400, 800, 1600, 3200, 6400, 12800, 25600)
+
+
+@dataclass(frozen=True)
+class HotpotRecord:
+    """One HotpotQA question with its distractor-setting paragraphs.
+
+    Attributes:
+        id: ``dev_index`` when known, else the HotpotQA ``_id``, else the line number.
+        question, answer: as in HotpotQA.
+        paragraphs: ``(title, text)`` pairs, text = joined sentences.
+        gold_titles: titles of the supporting paragraphs.
+    """
+
+    id: str
+    question: str
+    answer: str
+    paragraphs: tuple[tuple[str, str], ...]
+    gold_titles: frozenset[str]
+
+    @property
+    def documents(self) -> list[str]:
+        return [paragraph_document(t, x) for t, x in self.paragraphs]
+
+
+def paragraph_document(title: str, text: str) -> str:
+    """A paragraph as a document: ``title\\n<text>`` (reference doc section 3.2)."""
+    return f"{title}\n{text}"
+
+
+def load_hotpotqa(path: str | os.PathLike) -> list[HotpotRecord]:
+    """Read a HotpotQA distractor file: the official JSON list or our JSONL subset (one record per line).
+
+    Raises:
+        DataError: missing file or a record without question/answer/context (names file, line, field).
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"HotpotQA file {str(p)!r} not found")
+    if p.suffix == ".jsonl":
+        with open(p, encoding="utf-8") as f:
+            raw = [(f"{p}:{i}", json.loads(line)) for i, line in enumerate(f, 1) if line.strip()]
+    else:
+        with open(p, encoding="utf-8") as f:
+            raw = [(f"{p}[{i}]", r) for i, r in enumerate(json.load(f))]
+    out = []
+    for where, r in raw:
+        for key in ("question", "answer", "context"):
+            if key not in r:
+                raise DataError(f"{where}: missing field {key!r}")
+        ctx = r["context"]
+        if isinstance(ctx, dict):  # HF layout: {"title": [...], "sentences": [[...]]}
+            ctx = list(zip(ctx["title"], ctx["sentences"]))
+        paras = tuple((t, "".join(sents)) for t, sents in ctx)
+        gold = frozenset(t for t, _ in (r.get("supporting_facts") or []))
+        rid = r.get("dev_index", r.get("_id", where))
+        out.append(HotpotRecord(str(rid), r["question"], r["answer"], paras, gold))
+    return out
+
+
+def build_pool(records: Sequence[HotpotRecord], name: str = "") -> DocumentPool:
+    """The sorted unique documents of all records (reference doc section 3.2)."""
+    return DocumentPool.from_texts((d for r in records for d in r.documents), name=name)
+
+
+def build_sample(
+    record: HotpotRecord,
+    pool: DocumentPool,
+    tokenizer: Tokenizer | None,
+    seed: int = 0,
+    num_docs: int | None = None,
+    target_tokens: int | None = None,
+    allow_reuse: bool = False,
+) -> Sample:
+    """One RULER-HotpotQA sample of ``num_docs`` documents or of at most ``target_tokens`` context tokens.
+
+    Args:
+        record: the question.
+        pool: the split's document pool.
+        tokenizer: counts tokens (required with ``target_tokens``; optional otherwise).
+        seed: base seed; the sample's RNG comes from ``(seed, record.id)``.
+        num_docs: total documents (exactly one of ``num_docs`` / ``target_tokens``).
+        target_tokens: most context tokens.
+        allow_reuse: draw distractors more than once when the pool is too small.
+
+    Returns:
+        A Sample whose metadata holds ``task, num_docs, length_tokens, tokenizer, seed, own_positions``
+        (1-based numbers of the question's own paragraphs) and ``gold_positions`` (the supporting ones).
+
+    Raises:
+        DataError: bad size arguments, or the pool is too small.
+    """
+    if (num_docs is None) == (target_tokens is None):
+        raise DataError("give exactly one of num_docs or target_tokens")
+    rng = sample_rng(seed, f"hotpotqa/{record.id}")
+    own = list(dict.fromkeys(record.documents))
+    if num_docs is not None:
+        ctx = draw_documents(own, pool, num_docs, rng, tokenizer, allow_reuse=allow_reuse)
+    else:
+        if tokenizer is None:
+            raise DataError("target_tokens needs a tokenizer to count tokens")
+        ctx = fit_documents(own, pool, target_tokens, rng, tokenizer)
+    titles = [d.split("\n", 1)[0] for d in own]
+    gold = sorted(p for p, t in zip(ctx.own_positions, titles) if t in record.gold_titles)
+    meta: dict[str, Any] = {
+        "task": "hotpotqa",
+        "source": f"{pool.name}:{record.id}",
+        "num_docs": len(ctx.docs),
+        "length_tokens": ctx.length_tokens,
+        "tokenizer": tokenizer.name if tokenizer is not None else None,
+        "seed": seed,
+        "own_positions": list(ctx.own_positions),
+        "gold_positions": gold,
+    }
+    if target_tokens is not None:
+        meta["target_tokens"] = target_tokens
+    if ctx.reused:
+        meta["reused_distractors"] = ctx.reused
+    return Sample(f"hotpotqa-{record.id}", record.question, ctx.context, (record.answer,), meta)
+
+
+def select_records(records: Sequence[HotpotRecord], num_samples: int, start: int = 0) -> list[HotpotRecord]:
+    """The first ``num_samples`` records from ``start`` that have at least two paragraphs (the dev file has
+    a few questions without context).
+
+    Raises:
+        DataError: fewer usable records than asked for.
+    """
+    usable = [r for r in records[start:] if len(r.paragraphs) >= 2]
+    if len(usable) < num_samples:
+        raise DataError(f"only {len(usable)} usable HotpotQA records from position {start}, asked for {num_samples}")
+    return usable[:num_samples]
+
+
+def build_hotpotqa(
+    out_dir: str | os.PathLike,
+    tokenizer: Tokenizer,
+    num_docs: Sequence[int] = (),
+    target_tokens: Sequence[int] = (),
+    num_samples: int = 128,
+    seed: int = 0,
+    split: str = "dev",
+    data_root: str | os.PathLike | None = None,
+    allow_reuse: bool = False,
+    start: int = 0,
+    reference_format: bool = False,
+) -> list[Path]:
+    """Build RULER-HotpotQA files, one per size, plus a manifest each.
+
+    Writes ``hotpotqa_{N}docs.jsonl`` (or ``hotpotqa_{T}tok.jsonl``) in our schema and, with
+    ``reference_format``, the reference's ``eval_{N}.json`` layout too.
+
+    Returns:
+        The sample files written.
+
+    Raises:
+        DataError: no sizes, missing data, pool too small.
+    """
+    if not num_docs and not target_tokens:
+        raise DataError("give at least one size: --docs N,... or --tokens T,...")
+    src = paths.data_file(paths.HOTPOTQA_DEV if split == "dev" else paths.HOTPOTQA_TRAIN, data_root)
+    records = load_hotpotqa(src)
+    pool = build_pool(records, name=f"hotpotqa-{split}")
+    chosen = select_records(records, num_samples, start)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    sizes = [("docs", n) for n in num_docs] + [("tok", t) for t in target_tokens]
+    from memagent.data.io import write_records, write_samples
+
+    for kind, size in sizes:
+        kw = {"num_docs": size} if kind == "docs" else {"target_tokens": size}
+        samples = [build_sample(r, pool, tokenizer, seed, allow_reuse=allow_reuse, **kw) for r in chosen]
+        path = out / f"hotpotqa_{size}{kind}.jsonl"
+        write_samples(path, samples)
+        written.append(path)
+        if reference_format and kind == "docs":
+            rows = [
+                {"context": s.context, "input": s.question, "answers": list(s.answers), "num_docs": size, "index": r.id}
+                for s, r in zip(samples, chosen)
+            ]
+            write_records(out / f"eval_{size}.json", rows)
+        lengths = [s.metadata["length_tokens"] for s in samples]
+        write_manifest(
+            path.with_suffix(".manifest.json"),
+            {
+                "task": "hotpotqa",
+                "split": split,
+                "source_file": str(src),
+                "pool": pool.name,
+                "pool_size": len(pool),
+                "seed": seed,
+                "tokenizer": tokenizer.name,
+                ("num_docs" if kind == "docs" else "target_tokens"): size,
+                "num_samples": len(samples),
+                "record_ids": [r.id for r in chosen],
+                "allow_reuse": allow_reuse,
+                "length_tokens": token_stats(lengths),
+            },
+        )
+    return written
+
+
+def demo_sample(
+    data_root: str | os.PathLike | None,
+    tokenizer: Tokenizer,
+    target_tokens: int = 30000,
+    seed: int = 0,
+    index: int = 0,
+) -> Sample:
+    """A real HotpotQA dev question with its paragraphs hidden among distractors, about ``target_tokens`` long.
+
+    Args:
+        data_root: data root (``None``: the default, see :func:`memagent.data.paths.data_root`).
+        tokenizer: the model's tokenizer (sizes are in its tokens).
+        target_tokens: most context tokens; the result is within ~1% below it.
+        seed: base seed of the distractor draw.
+        index: which usable dev question (0 = the first in dev order).
+
+    Raises:
+        DataError: no data root / file, or ``index`` out of range.
+    """
+    records = load_hotpotqa(paths.data_file(paths.HOTPOTQA_DEV, data_root))
+    usable = [r for r in records if len(r.paragraphs) >= 2]
+    if not 0 <= index < len(usable):
+        raise DataError(f"demo index {index} out of range: the dev subset has {len(usable)} usable questions")
+    pool = build_pool(records, name="hotpotqa-dev")
+    return build_sample(usable[index], pool, tokenizer, seed, target_tokens=target_tokens)

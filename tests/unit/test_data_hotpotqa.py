@@ -1,0 +1,125 @@
+"""RULER-HotpotQA builder: exact document counts, token budgets, per-sample randomness, pool limits."""
+
+import json
+import re
+
+import pytest
+
+from memagent.data.documents import DocumentPool, fit_documents, sample_rng
+from memagent.data.hotpotqa import (
+    HotpotRecord,
+    build_hotpotqa,
+    build_pool,
+    build_sample,
+    demo_sample,
+    load_hotpotqa,
+    paragraph_document,
+)
+from memagent.errors import DataError
+from memagent.tokenization import ByteTokenizer
+
+BYTES = ByteTokenizer()
+
+
+def _records(n_questions=6, paras=4):
+    recs = []
+    for q in range(n_questions):
+        paragraphs = tuple((f"Title{q}-{k}", f"Sentence {q}.{k} about things. More text.") for k in range(paras))
+        recs.append(HotpotRecord(str(q), f"Question {q}?", f"ans{q}", paragraphs, frozenset({f"Title{q}-0", f"Title{q}-2"})))
+    return recs
+
+
+def _headers(context):
+    return [int(m) for m in re.findall(r"^Document (\d+):$", context, re.M)]
+
+
+def test_paragraph_document_and_pool():
+    assert paragraph_document("T", "a. b.") == "T\na. b."
+    recs = _records()
+    pool = build_pool(recs + recs[:2], name="toy")  # duplicates collapse
+    assert len(pool) == 24
+    assert list(pool.docs) == sorted(pool.docs)
+
+
+def test_num_docs_exact_and_own_positions():
+    recs = _records()
+    pool = build_pool(recs, "toy")
+    s = build_sample(recs[0], pool, BYTES, seed=1, num_docs=12)
+    assert _headers(s.context) == list(range(1, 13))
+    blocks = s.context.split("\n\n")
+    assert len(blocks) == 12
+    own = recs[0].documents
+    for k, pos in enumerate(s.metadata["own_positions"]):
+        assert blocks[pos - 1] == f"Document {pos}:\n{own[k]}"
+    # the gold paragraphs are own paragraphs 0 and 2
+    assert s.metadata["gold_positions"] == sorted([s.metadata["own_positions"][0], s.metadata["own_positions"][2]])
+    assert s.metadata["length_tokens"] == len(s.context.encode())
+    assert s.answers == ("ans0",) and s.id == "hotpotqa-0"
+    # every distractor is distinct and not one of the own paragraphs
+    docs = [b.split("\n", 1)[1] for b in blocks]
+    assert len(set(docs)) == 12
+
+
+def test_determinism_and_per_sample_randomness():
+    recs = _records(n_questions=30)
+    pool = build_pool(recs, "toy")
+    a = build_sample(recs[3], pool, BYTES, seed=7, num_docs=40)
+    b = build_sample(recs[3], pool, BYTES, seed=7, num_docs=40)
+    assert a.context == b.context  # same seed, same bytes
+    c = build_sample(recs[3], pool, BYTES, seed=8, num_docs=40)
+    assert c.context != a.context
+    # different sample ids -> different slots for the own paragraphs (the reference's fixed Random(4) gives
+    # the same slots to every question)
+    slots = {tuple(build_sample(r, pool, BYTES, seed=7, num_docs=40).metadata["own_positions"]) for r in recs[:10]}
+    assert len(slots) == 10
+
+
+def test_pool_too_small_and_reuse():
+    recs = _records(n_questions=3)  # pool of 12, 4 own -> 8 distractors available
+    pool = build_pool(recs, "toy")
+    build_sample(recs[0], pool, None, num_docs=12)
+    with pytest.raises(DataError, match=r"only 8 paragraphs besides.*--allow-reuse"):
+        build_sample(recs[0], pool, None, num_docs=13)
+    s = build_sample(recs[0], pool, None, num_docs=15, allow_reuse=True)
+    assert len(_headers(s.context)) == 15 and s.metadata["reused_distractors"] == 3
+    assert s.metadata["length_tokens"] == -1
+    with pytest.raises(DataError, match="smaller than the question's 4 own"):
+        build_sample(recs[0], pool, None, num_docs=3)
+    with pytest.raises(DataError, match="exactly one"):
+        build_sample(recs[0], pool, None)
+
+
+def test_target_tokens_fits_budget():
+    recs = _records(n_questions=40)
+    pool = build_pool(recs, "toy")
+    for target in (600, 2000, 5000):
+        s = build_sample(recs[5], pool, BYTES, seed=0, target_tokens=target)
+        n = len(s.context.encode())
+        assert s.metadata["length_tokens"] == n
+        assert target - max(50, target // 100) - 60 <= n <= target  # 60 = one more document would overflow
+    with pytest.raises(DataError, match="own documents alone"):
+        build_sample(recs[5], pool, BYTES, target_tokens=100)
+
+
+def test_fit_documents_with_fixed_tokens_and_preferred():
+    pool = DocumentPool.from_texts([f"doc {i:03d} " + "x" * 40 for i in range(200)], "synthetic")
+    ctx = fit_documents(["OWN"], pool, 3000, sample_rng(0, "k"), BYTES, more=["MORE1", "MORE2"], fixed_tokens=500)
+    assert ctx.length_tokens == len(ctx.context.encode()) <= 2500
+    assert "MORE1" in ctx.docs and "MORE2" in ctx.docs and "OWN" in ctx.docs
+    assert ctx.docs[ctx.own_positions[0] - 1] == "OWN"
+
+
+def test_real_dev_subset(data_root, gguf_tokenizer, tmp_path):
+    recs = load_hotpotqa(data_root / "hotpotqa" / "hotpot_dev_distractor_subset.jsonl")
+    assert len(recs) == 1968
+    assert len(build_pool(recs)) == 19033  # the README's count
+    s = demo_sample(data_root, gguf_tokenizer, target_tokens=8000, index=0)
+    assert s.question == "Were Scott Derrickson and Ed Wood of the same nationality?" and s.answers == ("yes",)
+    n = len(gguf_tokenizer.encode(s.context))
+    assert s.metadata["length_tokens"] == n and 7500 <= n <= 8000  # stops when the next document would overflow
+    files = build_hotpotqa(tmp_path, gguf_tokenizer, num_docs=[20], num_samples=3, data_root=data_root, reference_format=True)
+    assert [f.name for f in files] == ["hotpotqa_20docs.jsonl"]
+    manifest = json.loads((tmp_path / "hotpotqa_20docs.manifest.json").read_text())
+    assert manifest["pool_size"] == 19033 and manifest["num_samples"] == 3 and manifest["num_docs"] == 20
+    ref = json.loads((tmp_path / "eval_20.json").read_text())
+    assert [r["num_docs"] for r in ref] == [20, 20, 20] and set(ref[0]) == {"context", "input", "answers", "num_docs", "index"}
