@@ -1,0 +1,220 @@
+"""OpenAI-compatible backend: pure payload/parse functions and retry logic over httpx.MockTransport."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from memagent.backends.openai_compat import OpenAIBackend, build_payload, error_from_http, parse_response
+from memagent.errors import BackendError, BackendTimeout, BadResponse, ConfigError, ContextOverflow
+from memagent.tokenization import ByteTokenizer
+from memagent.types import Message, Request, Usage
+
+MSGS = (Message("system", "Be brief."), Message("user", "Capital of France?"))
+
+
+def _ok_body(content="Paris", finish="stop", prompt_tokens=21, completion_tokens=2, **choice_extra):
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish, **choice_extra}
+        ],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": 23},
+    }
+
+
+# --- build_payload ---------------------------------------------------------------------------------------------
+
+
+def test_build_payload_fields():
+    req = Request(MSGS, max_tokens=64, temperature=0.7, top_p=0.95, seed=5, request_id="q1/0")
+    assert build_payload(req, "smol") == {
+        "model": "smol",
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Capital of France?"},
+        ],
+        "max_tokens": 64,
+        "temperature": 0.7,
+        "top_p": 0.95,
+        "stream": False,
+        "seed": 5,
+    }
+
+
+def test_build_payload_without_seed_and_with_extra_overrides():
+    req = Request(MSGS[1:], max_tokens=8)
+    p = build_payload(req, "m", {"top_k": -1, "temperature": 0.3})
+    assert "seed" not in p
+    assert p["top_k"] == -1 and p["temperature"] == 0.3 and p["top_p"] == 1.0
+    json.dumps(p)  # serialisable
+
+
+# --- parse_response --------------------------------------------------------------------------------------------
+
+
+def test_parse_response_content_finish_usage():
+    c = parse_response(_ok_body(), "q1/0")
+    assert (c.text, c.finish_reason, c.usage) == ("Paris", "stop", Usage(21, 2))
+    assert c.token_ids is None and c.prompt_token_ids is None and c.error is None
+
+
+def test_parse_response_length_null_content_and_token_ids():
+    body = _ok_body(content=None, finish="length", token_ids=[5, 6, 7])
+    body["prompt_token_ids"] = [1, 2]
+    c = parse_response(body, "q1/0")
+    assert (c.text, c.finish_reason) == ("", "length")
+    assert c.token_ids == (5, 6, 7) and c.prompt_token_ids == (1, 2)
+
+
+def test_parse_response_missing_usage_counts_zero():
+    body = _ok_body()
+    del body["usage"]
+    assert parse_response(body, "r").usage == Usage(0, 0)
+
+
+@pytest.mark.parametrize(
+    "body, match",
+    [
+        ([1, 2], "expected a JSON object, got list"),
+        ({"id": "x"}, "no choices"),
+        ({"choices": []}, "no choices"),
+        ({"choices": [{"finish_reason": "stop"}]}, "no message"),
+        (_ok_body(content=["a"]), "content is list"),
+        (_ok_body(finish="tool_calls"), "unknown finish_reason 'tool_calls'"),
+        (_ok_body(completion_tokens=-1), "usage.completion_tokens is -1"),
+        (_ok_body(token_ids=["a"]), "token_ids is not a list of integers"),
+    ],
+)
+def test_parse_response_malformed_is_bad_response_naming_the_request(body, match):
+    with pytest.raises(BadResponse, match=match) as info:
+        parse_response(body, "doc-3/final")
+    assert info.value.request_id == "doc-3/final"
+    assert str(info.value).startswith("[request doc-3/final] ")
+
+
+LLAMACPP_OVERFLOW = {
+    "error": {
+        "message": "This model's maximum context length is 2048 tokens. However, you requested 2100 tokens "
+        "(2036 in the messages, 64 in the completion). Please reduce the length of the messages or completion.",
+        "type": "invalid_request_error",
+        "param": "messages",
+        "code": "context_length_exceeded",
+    }
+}
+
+
+def test_overflow_400_is_context_overflow():
+    err = error_from_http(400, LLAMACPP_OVERFLOW, "doc-1/update-2")
+    assert isinstance(err, ContextOverflow)
+    assert "[request doc-1/update-2]" in str(err) and "2048 tokens" in str(err)
+    vllm = {"object": "error", "message": "This model's maximum context length is 8192 tokens...", "code": 400}
+    assert isinstance(error_from_http(400, vllm, "r"), ContextOverflow)
+    with pytest.raises(ContextOverflow):
+        parse_response(LLAMACPP_OVERFLOW, "doc-1/update-2")
+
+
+def test_other_errors_are_classified():
+    plain400 = error_from_http(400, {"error": {"message": "temperature must be >= 0"}}, "r")
+    assert type(plain400) is BackendError and "HTTP 400: temperature must be >= 0" in str(plain400)
+    assert isinstance(error_from_http(504, "gateway timeout", "r"), BackendTimeout)
+    assert "HTTP 503: overloaded" in str(error_from_http(503, "overloaded", "r"))
+
+
+# --- transport and retries -------------------------------------------------------------------------------------
+
+
+class _Server:
+    """A scripted MockTransport: answers with the queued (status, body) pairs, recording each request."""
+
+    def __init__(self, *answers):
+        self.answers = list(answers)
+        self.seen: list[httpx.Request] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.seen.append(request)
+        status, body = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        if isinstance(body, Exception):
+            raise body
+        return httpx.Response(status, json=body)
+
+
+def _backend(server, **kw):
+    kw.setdefault("retry_wait_s", 0.001)
+    return OpenAIBackend(
+        "http://127.0.0.1:9/v1", "smol", transport=httpx.MockTransport(server), api_key_env="MEMAGENT_TEST_KEY", **kw
+    )
+
+
+def test_429_then_200_succeeds_after_two_attempts(monkeypatch):
+    monkeypatch.setenv("MEMAGENT_TEST_KEY", "sk-secret-123")
+    server = _Server((429, {"error": {"message": "rate limited"}}), (200, _ok_body()))
+    with _backend(server) as b:
+        (c,) = b.generate([Request(MSGS, max_tokens=16, request_id="q/0")])
+    assert c.text == "Paris" and c.finish_reason == "stop" and c.seconds > 0
+    assert len(server.seen) == 2
+    sent = server.seen[0]
+    assert str(sent.url) == "http://127.0.0.1:9/v1/chat/completions"
+    assert sent.headers["authorization"] == "Bearer sk-secret-123"
+    assert json.loads(sent.content)["max_tokens"] == 16
+    assert "sk-secret" not in repr(b)
+
+
+def test_400_is_not_retried_and_becomes_an_error_completion():
+    server = _Server((400, {"error": {"message": "bad value for top_p"}}))
+    b = _backend(server, max_retries=4)
+    (c,) = b.generate([Request(MSGS, max_tokens=16, request_id="doc-9/final")])
+    assert len(server.seen) == 1
+    assert c.finish_reason == "error" and c.text == ""
+    assert c.error == "BackendError: [request doc-9/final] HTTP 400: bad value for top_p"
+
+
+def test_overflow_400_comes_back_as_context_overflow_error():
+    server = _Server((400, LLAMACPP_OVERFLOW))
+    (c,) = _backend(server).generate([Request(MSGS, max_tokens=64, request_id="doc-1/update-2")])
+    assert len(server.seen) == 1
+    assert c.error.startswith("ContextOverflow: [request doc-1/update-2]")
+
+
+def test_retries_exhausted_on_5xx_and_connection_errors_name_the_request(monkeypatch):
+    monkeypatch.setenv("MEMAGENT_TEST_KEY", "sk-secret-123")
+    server = _Server((500, {"error": "boom sk-secret-123"}))
+    (c,) = _backend(server, max_retries=2).generate([Request(MSGS, max_tokens=4, request_id="a/1")])
+    assert len(server.seen) == 3
+    assert c.error == "BackendError: [request a/1] HTTP 500: boom *** (after 3 attempts)"
+    down = _Server((0, httpx.ConnectError("connection refused")))
+    (c,) = _backend(down, max_retries=1).generate([Request(MSGS, max_tokens=4, request_id="a/2")])
+    assert len(down.seen) == 2
+    assert c.finish_reason == "error" and "[request a/2] cannot reach http://127.0.0.1:9/v1" in c.error
+    slow = _Server((0, httpx.ReadTimeout("timed out")))
+    (c,) = _backend(slow, max_retries=0).generate([Request(MSGS, max_tokens=4, request_id="a/3")])
+    assert len(slow.seen) == 1 and c.error.startswith("BackendTimeout: [request a/3]")
+
+
+def test_batch_keeps_order_and_continues_past_a_failure():
+    def answer(request: httpx.Request) -> httpx.Response:
+        text = json.loads(request.content)["messages"][-1]["content"]
+        if text == "fail":
+            return httpx.Response(422, json={"detail": "nope"})
+        return httpx.Response(200, json=_ok_body(content=text.upper()))
+
+    b = OpenAIBackend("http://h/v1", "m", transport=httpx.MockTransport(answer), concurrency=3, api_key_env="X_UNSET")
+    reqs = [Request((Message("user", t),), max_tokens=4, request_id=f"s{i}/0") for i, t in enumerate("ab") ]
+    reqs.insert(1, Request((Message("user", "fail"),), max_tokens=4, request_id="s9/0"))
+    out = b.generate(reqs)
+    assert [c.text for c in out] == ["A", "", "B"]
+    assert out[1].error == "BackendError: [request s9/0] HTTP 422: nope"
+
+
+def test_count_prompt_tokens_and_settings():
+    assert _backend(_Server((200, _ok_body()))).count_prompt_tokens(MSGS) is None
+    b = _backend(_Server((200, _ok_body())), tokenizer=ByteTokenizer(), chat_overhead_tokens=10)
+    assert b.count_prompt_tokens(MSGS) == len("Be brief.") + len("Capital of France?") + 10 == 37
+    assert b.batched is False and b.name == "openai:smol"
+    with pytest.raises(ConfigError, match="concurrency"):
+        OpenAIBackend("http://h/v1", "m", concurrency=0)
+    with pytest.raises(ConfigError, match="base_url"):
+        OpenAIBackend("127.0.0.1:8000/v1", "m")
