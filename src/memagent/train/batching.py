@@ -1,0 +1,194 @@
+"""Rows -> padded tensors, per-token log-probabilities, mini- and micro-batches.
+
+Layout: rows are right-padded to ``(B, T)`` (prompt then response). Log-probabilities, masks and weights
+live in *target space* ``(B, T - 1)``: column ``t`` scores token ``input_ids[:, t + 1]`` given the tokens
+before it. ``response_mask[b, t] = 1`` when that token is one of row ``b``'s sampled response tokens, so
+prompt tokens (question, memory, chunk) are never trained (reference-memagent.md §4.10).
+
+Log-probabilities are computed from the last hidden states in position chunks, so only a ``(B, chunk,
+vocab)`` slice of logits exists at a time (with gradient checkpointing of that slice when training).
+
+Source: reference-memagent.md §4.5 (padding), §4.8 (micro-batches by token budget, grad accumulation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from memagent.errors import ConfigError
+from memagent.train.rollout import Row
+
+
+@dataclass
+class Batch:
+    """Padded tensors of some rows.
+
+    Attributes:
+        input_ids: ``(B, T)`` prompt + response ids, right-padded with ``pad_id``.
+        attention_mask: ``(B, T)`` 1 on real tokens.
+        response_mask: ``(B, T-1)`` 1 where the target token is a response token.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    response_mask: torch.Tensor
+
+
+def pad_rows(rows: Sequence[Row], pad_id: int) -> Batch:
+    """Right-pad rows into a :class:`Batch`.
+
+    Raises:
+        ConfigError: no rows, or a row with an empty prompt (nothing to condition the first token on).
+    """
+    if not rows:
+        raise ConfigError("pad_rows needs at least one row")
+    width = max(r.num_tokens for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(rows), width), dtype=torch.long)
+    resp = torch.zeros((len(rows), max(width - 1, 1)), dtype=torch.float32)
+    for b, r in enumerate(rows):
+        if not r.prompt_ids:
+            raise ConfigError(f"row {b} has an empty prompt")
+        seq = list(r.prompt_ids) + list(r.response_ids)
+        ids[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        attn[b, : len(seq)] = 1
+        p = len(r.prompt_ids)
+        resp[b, p - 1 : len(seq) - 1] = 1.0
+    return Batch(ids, attn, resp)
+
+
+class TokenLogProbs(nn.Module):
+    """Wraps a causal LM so that ``forward`` returns per-token log-probabilities (and entropy).
+
+    Wrap *this* module in DistributedDataParallel (not the bare LM), so gradient synchronisation sees the
+    whole computation.
+
+    Args:
+        model: a transformers causal LM (``base_model`` + ``get_output_embeddings()``).
+        chunk_tokens: positions per log-softmax slice.
+        checkpoint: recompute each logits slice in backward instead of storing it.
+    """
+
+    def __init__(self, model: nn.Module, chunk_tokens: int = 512, checkpoint: bool = True):
+        super().__init__()
+        self.model = model
+        self.chunk_tokens = max(1, int(chunk_tokens))
+        self.checkpoint = checkpoint
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Returns ``(logp (B, T-1), entropy (B, T-1) or None)`` in float32."""
+        base = self.model.base_model
+        hidden = base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        head = self.model.get_output_embeddings()
+        targets = input_ids[:, 1:]
+        h = hidden[:, :-1]
+        outs, ents = [], []
+        for s in range(0, h.shape[1], self.chunk_tokens):
+            hs, ts = h[:, s : s + self.chunk_tokens], targets[:, s : s + self.chunk_tokens]
+            if self.checkpoint and torch.is_grad_enabled():
+                lp, en = torch.utils.checkpoint.checkpoint(_slice_logprobs, head, hs, ts, with_entropy, use_reentrant=False)
+            else:
+                lp, en = _slice_logprobs(head, hs, ts, with_entropy)
+            outs.append(lp)
+            ents.append(en)
+        logp = torch.cat(outs, dim=1)
+        return logp, (torch.cat(ents, dim=1) if with_entropy else None)
+
+
+def _slice_logprobs(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, with_entropy: bool):
+    logsm = torch.log_softmax(head(hidden).float(), dim=-1)
+    lp = logsm.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    if not with_entropy:
+        return lp, lp.new_zeros(())
+    return lp, -(logsm.exp() * logsm).sum(-1)
+
+
+def micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Group consecutive rows so that each group's padded size (rows x longest row) stays within
+    ``max_tokens``; a row longer than the budget forms a group of its own.
+
+    Args:
+        lengths: tokens of each row (prompt + response).
+        max_tokens: padded-token budget per micro-batch.
+
+    Returns:
+        lists of row indices, covering ``range(len(lengths))`` in order.
+
+    Raises:
+        ConfigError: ``max_tokens < 1``.
+    """
+    if max_tokens < 1:
+        raise ConfigError(f"micro-batch token budget must be >= 1, got {max_tokens}")
+    groups: list[list[int]] = []
+    cur: list[int] = []
+    longest = 0
+    for i, n in enumerate(lengths):
+        if cur and (len(cur) + 1) * max(longest, n) > max_tokens:
+            groups.append(cur)
+            cur, longest = [], 0
+        cur.append(i)
+        longest = max(longest, n)
+    if cur:
+        groups.append(cur)
+    return groups
+
+
+def split_trajectories(traj_of_row: Sequence[int], num_parts: int) -> list[list[int]]:
+    """Split rows into ``num_parts`` near-equal mini-batches of whole trajectories.
+
+    A trajectory is never split, so trajectory-normalised aggregation sees all its tokens. With fewer
+    trajectories than parts, some parts are empty (and skipped by the trainer).
+
+    Returns:
+        ``num_parts`` lists of row indices.
+    """
+    trajs = sorted(set(traj_of_row))
+    bounds = [round(k * len(trajs) / num_parts) for k in range(num_parts + 1)]
+    part_of = {t: k for k in range(num_parts) for t in trajs[bounds[k] : bounds[k + 1]]}
+    parts: list[list[int]] = [[] for _ in range(num_parts)]
+    for i, t in enumerate(traj_of_row):
+        parts[part_of[t]].append(i)
+    return parts
+
+
+@torch.no_grad()
+def row_logprobs(
+    scorer: TokenLogProbs, rows: Sequence[Row], pad_id: int, max_tokens: int, with_entropy: bool = False
+) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+    """Log-probabilities (and entropy) of every row's response tokens, without gradient.
+
+    Returns:
+        per row, a ``(T_resp,)`` float32 tensor aligned with ``row.response_ids``; entropies likewise when
+        ``with_entropy``.
+    """
+    out: list[torch.Tensor] = [torch.empty(0)] * len(rows)
+    ents: list[torch.Tensor] = [torch.empty(0)] * len(rows)
+    was_training = scorer.training
+    scorer.eval()
+    try:
+        for group in micro_batches([r.num_tokens for r in rows], max_tokens):
+            batch = pad_rows([rows[i] for i in group], pad_id)
+            logp, ent = scorer(batch.input_ids, batch.attention_mask, with_entropy=with_entropy)
+            for b, i in enumerate(group):
+                p, n = len(rows[i].prompt_ids), len(rows[i].response_ids)
+                out[i] = logp[b, p - 1 : p - 1 + n].float().clone()
+                if ent is not None:
+                    ents[i] = ent[b, p - 1 : p - 1 + n].float().clone()
+    finally:
+        scorer.train(was_training)
+    return out, (ents if with_entropy else None)
+
+
+def scatter_response(values: Sequence[torch.Tensor], rows: Sequence[Row], width: int) -> torch.Tensor:
+    """Place per-row response values (``(T_resp,)`` each) into target space ``(B, width)``, zero elsewhere."""
+    out = torch.zeros((len(rows), width), dtype=torch.float32)
+    for b, (v, r) in enumerate(zip(values, rows)):
+        p = len(r.prompt_ids)
+        out[b, p - 1 : p - 1 + len(v)] = v
+    return out

@@ -1,0 +1,111 @@
+"""One optimizer step's worth of gradient: a mini-batch of rows, split into micro-batches.
+
+The aggregation weights are computed over the whole mini-batch (and, under DDP, with the unit count summed
+over ranks) before any micro-batch runs, so the accumulated gradient equals the gradient of the chosen
+aggregation over the whole mini-batch exactly (reference-memagent.md §4.8, "modified grad accumulation").
+Under DDP each rank's loss is multiplied by the world size because DDP averages gradients over ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from memagent.rl.losses import aggregation_units, aggregation_weights, policy_loss
+from memagent.train.batching import micro_batches, pad_rows, scatter_response
+from memagent.train.rollout import Row
+
+AllReduceSum = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """Loss hyperparameters (see :func:`memagent.rl.losses.policy_loss`; reference values as defaults)."""
+
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = 3.0
+    kl_coef: float = 0.001
+    kl_type: str = "k3"
+    entropy_coef: float = 0.0
+    agg_mode: str = "token-mean"
+    horizon_tokens: int | None = None
+    mask_final: bool = False
+
+
+def mini_batch_backward(
+    model: torch.nn.Module,
+    rows: Sequence[Row],
+    row_advantages: torch.Tensor,
+    old_logps: Sequence[torch.Tensor],
+    ref_logps: Sequence[torch.Tensor] | None,
+    settings: LossSettings,
+    pad_id: int,
+    micro_tokens: int,
+    all_reduce_sum: AllReduceSum | None = None,
+    world_size: int = 1,
+) -> dict[str, float]:
+    """Accumulate the gradient of the mini-batch loss into ``model``'s parameters (no optimizer step).
+
+    Args:
+        model: a :class:`memagent.train.batching.TokenLogProbs`, or a DDP wrapper of one.
+        rows: this rank's rows of the mini-batch (whole trajectories).
+        row_advantages: ``(R,)`` advantage of each row.
+        old_logps, ref_logps: per row ``(T_resp,)`` sampling-policy / reference log-probabilities.
+        settings: loss hyperparameters.
+        pad_id: padding token id.
+        micro_tokens: padded-token budget per micro-batch.
+        all_reduce_sum: sums a tensor over ranks (DDP); ``None`` in a single process.
+        world_size: number of ranks.
+
+    Returns:
+        metrics as floats: ``loss``, ``pg/loss``, ``kl/mean``, ``entropy/mean`` (mini-batch aggregates) and
+        token means ``pg/clip_frac``, ``pg/dual_clip_frac``, ``pg/ratio_mean``, ``pg/approx_kl``;
+        ``tokens`` (response tokens on this rank).
+    """
+    full = pad_rows(rows, pad_id)
+    final = torch.tensor([r.is_final for r in rows])
+    mask = full.response_mask
+    if settings.mask_final:
+        mask = mask * (~final).float().unsqueeze(-1)
+    traj = torch.tensor([r.traj_index for r in rows])
+    units = aggregation_units(mask, settings.agg_mode, traj)
+    if all_reduce_sum is not None:
+        units = all_reduce_sum(units.clone())
+    weights = aggregation_weights(mask, settings.agg_mode, traj, settings.horizon_tokens, total_units=units)
+    width = mask.shape[1]
+    old_full = scatter_response(old_logps, rows, width)
+    ref_full = scatter_response(ref_logps, rows, width) if ref_logps is not None else None
+    want_entropy = settings.entropy_coef != 0
+    sums: dict[str, float] = {}
+    groups = micro_batches([r.num_tokens for r in rows], micro_tokens)
+    for k, group in enumerate(groups):
+        idx = torch.tensor(group)
+        mb = pad_rows([rows[i] for i in group], pad_id)
+        w_cols = mb.response_mask.shape[1]
+        sync = k == len(groups) - 1 or not hasattr(model, "no_sync")
+        ctx = contextlib.nullcontext() if sync else model.no_sync()
+        with ctx:
+            logp, ent = model(mb.input_ids, mb.attention_mask, with_entropy=want_entropy)
+            m = mask[idx, :w_cols]
+            loss, metrics = policy_loss(
+                logp, old_full[idx, :w_cols], row_advantages[idx], weights[idx, :w_cols], m,
+                settings.clip_low, settings.clip_high, settings.dual_clip,
+                ref_logp=ref_full[idx, :w_cols] if ref_full is not None else None,
+                kl_coef=settings.kl_coef, kl_type=settings.kl_type, entropy=ent, entropy_coef=settings.entropy_coef,
+            )
+            (loss * world_size).backward()
+        n = float(m.sum())
+        sums["loss"] = sums.get("loss", 0.0) + float(loss.detach())
+        for key, val in metrics.items():
+            scale = 1.0 if key in ("pg/loss", "kl/mean", "entropy/mean") else n
+            sums[key] = sums.get(key, 0.0) + float(val) * scale
+        sums["tokens"] = sums.get("tokens", 0.0) + n
+    tokens = max(sums.get("tokens", 0.0), 1.0)
+    for key in ("pg/clip_frac", "pg/dual_clip_frac", "pg/ratio_mean", "pg/approx_kl"):
+        if key in sums:
+            sums[key] /= tokens
+    return sums
