@@ -1,0 +1,123 @@
+"""`memagent data hotpotqa | ruler`: build benchmark data files (mounted by the main CLI as ``data``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from memagent.errors import MemagentError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Build benchmark data (RULER-HotpotQA, RULER tasks).")
+
+TOKENIZER = typer.Option(
+    "smollm2",
+    "--tokenizer",
+    help="'smollm2' (the embedded model's GGUF vocabulary), 'bytes', a .gguf file, a tokenizer.json or an HF model dir",
+)
+DATA_ROOT = typer.Option(None, "--data-root", help="data folder (default: $MEMAGENT_DATA, else ../shared/data)")
+
+
+def resolve_tokenizer(spec: str):
+    """A tokenizer from a CLI spec; ``smollm2`` is the embedded model's own vocabulary.
+
+    Raises:
+        ConfigError: the spec cannot be loaded.
+    """
+    from memagent.tokenization import LlamaCppTokenizer, load_tokenizer
+
+    if spec == "smollm2":
+        from memagent.backends.models import smollm2_gguf_path
+
+        return LlamaCppTokenizer.from_gguf(smollm2_gguf_path())
+    return load_tokenizer(spec)
+
+
+def parse_ints(text: str | None, option: str) -> list[int]:
+    """``"50,100"`` -> ``[50, 100]``; ``K``/``M`` suffixes allowed (``8K`` = 8192 tokens, ``1M`` = 1048576).
+
+    Raises:
+        ConfigError: an item is not a positive integer.
+    """
+    from memagent.errors import ConfigError
+
+    if not text:
+        return []
+    out = []
+    for item in text.split(","):
+        s = item.strip().lower()
+        mult = 1
+        if s.endswith("k"):
+            s, mult = s[:-1], 1024
+        elif s.endswith("m"):
+            s, mult = s[:-1], 1024 * 1024
+        try:
+            v = int(s) * mult
+        except ValueError:
+            raise ConfigError(f"{option}: {item!r} is not a whole number (e.g. {option} 8192,16384 or 8K,16K)") from None
+        if v < 1:
+            raise ConfigError(f"{option}: sizes must be positive, got {item!r}")
+        out.append(v)
+    return out
+
+
+def _fail(e: Exception) -> None:
+    typer.secho(f"error: {e}", fg="red", err=True)
+    raise typer.Exit(2)
+
+
+@app.command("hotpotqa")
+def hotpotqa_command(
+    out: Path = typer.Option(Path("data/hotpotqa"), "--out", "-o", help="output folder"),
+    docs: Optional[str] = typer.Option(None, "--docs", help="numbers of documents, e.g. 50,100,200 (the paper: 50..25600)"),
+    tokens: Optional[str] = typer.Option(None, "--tokens", help="target context lengths in tokens instead, e.g. 8K,32K"),
+    samples: int = typer.Option(128, "--samples", "-n", help="questions per size"),
+    seed: int = typer.Option(0, "--seed", help="base seed; each sample's RNG comes from (seed, question id)"),
+    split: str = typer.Option("dev", "--split", help="dev or train"),
+    start: int = typer.Option(0, "--start", help="skip this many usable questions first"),
+    allow_reuse: bool = typer.Option(False, "--allow-reuse", help="reuse distractors when the pool is too small"),
+    reference_format: bool = typer.Option(False, "--reference-format", help="also write the reference's eval_{N}.json"),
+    tokenizer: str = TOKENIZER,
+    data_root: Optional[Path] = DATA_ROOT,
+):
+    """RULER-HotpotQA: each question's paragraphs hidden among distractor paragraphs, N documents or T tokens."""
+    from memagent.data.hotpotqa import build_hotpotqa
+
+    try:
+        files = build_hotpotqa(
+            out, resolve_tokenizer(tokenizer), num_docs=parse_ints(docs, "--docs"), target_tokens=parse_ints(tokens, "--tokens"),
+            num_samples=samples, seed=seed, split=split, data_root=data_root, allow_reuse=allow_reuse, start=start,
+            reference_format=reference_format,
+        )
+    except MemagentError as e:
+        _fail(e)
+    for f in files:
+        typer.echo(str(f))
+
+
+@app.command("ruler")
+def ruler_command(
+    task: str = typer.Option(..., "--task", "-t", help="comma-separated tasks, 'all' (13 RULER tasks) or 'memagent' (its 11)"),
+    lengths: str = typer.Option("8192", "--lengths", "-l", help="target lengths in tokens, e.g. 8192,16384 or 8K,16K"),
+    out: Path = typer.Option(Path("data/ruler"), "--out", "-o", help="output folder"),
+    samples: int = typer.Option(128, "--samples", "-n", help="samples per task and length"),
+    seed: int = typer.Option(42, "--seed", help="base seed; each sample's RNG comes from (seed, task, length, index)"),
+    haystack: Optional[str] = typer.Option(None, "--haystack", help="gutenberg: replace the essay haystack (licence-clean)"),
+    tokenizer: str = TOKENIZER,
+    data_root: Optional[Path] = DATA_ROOT,
+):
+    """RULER tasks fitted to token lengths; writes our schema, RULER's JSONL and a manifest per file."""
+    from memagent.data.ruler import ALL_TASKS, MEMAGENT_TASKS
+    from memagent.data.ruler.build import build_ruler
+
+    names = {"all": list(ALL_TASKS), "memagent": list(MEMAGENT_TASKS)}.get(task) or [t.strip() for t in task.split(",") if t.strip()]
+    try:
+        files = build_ruler(
+            out, names, parse_ints(lengths, "--lengths"), resolve_tokenizer(tokenizer), num_samples=samples, seed=seed,
+            haystack=haystack, data_root=data_root,
+        )
+    except MemagentError as e:
+        _fail(e)
+    for f in files:
+        typer.echo(str(f))

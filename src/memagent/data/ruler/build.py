@@ -1,0 +1,70 @@
+"""Write RULER task files: our sample schema, RULER's JSONL and a manifest per (task, length)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from memagent.data.io import write_records, write_samples
+from memagent.data.ruler import RULER_METRIC, RULER_TASKS, build_ruler_sample
+from memagent.data.ruler.common import ruler_record
+from memagent.data.schema import token_stats, write_manifest
+from memagent.tokenization import Tokenizer
+
+
+def build_ruler(
+    out_dir: str | os.PathLike,
+    tasks: Sequence[str],
+    lengths: Sequence[int],
+    tokenizer: Tokenizer,
+    num_samples: int = 128,
+    seed: int = 42,
+    haystack: str | None = None,
+    data_root: str | os.PathLike | None = None,
+) -> list[Path]:
+    """Build ``num_samples`` samples for every task and length.
+
+    Writes ``{task}_{length}.jsonl`` (our schema), ``{task}_{length}.ruler.jsonl`` (RULER's ``index, input,
+    outputs, length`` records) and ``{task}_{length}.manifest.json`` (seed, tokenizer, counts, token
+    statistics, seconds).
+
+    Returns:
+        The sample files (our schema) written.
+
+    Raises:
+        UnknownNameError: an unknown task (checked before anything is built).
+        DataError: a sample cannot be built.
+    """
+    for t in tasks:
+        RULER_TASKS.get(t)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    root = None if data_root is None else str(data_root)
+    written = []
+    for task in tasks:
+        for length in lengths:
+            t0 = time.perf_counter()
+            samples = [build_ruler_sample(task, length, i, tokenizer, seed, haystack, root) for i in range(num_samples)]
+            seconds = time.perf_counter() - t0
+            path = out / f"{task}_{length}.jsonl"
+            write_samples(path, samples)
+            write_records(out / f"{task}_{length}.ruler.jsonl", (ruler_record(s) for s in samples))
+            write_manifest(
+                out / f"{task}_{length}.manifest.json",
+                {
+                    "task": task,
+                    "length_tokens": length,
+                    "tokens_to_generate": samples[0].metadata["tokens_to_generate"] if samples else None,
+                    "num_samples": len(samples),
+                    "seed": seed,
+                    "tokenizer": tokenizer.name,
+                    "haystack": haystack,
+                    "metric": RULER_METRIC[task],
+                    "input_tokens": token_stats([s.metadata["length_tokens"] for s in samples]),
+                    "build_seconds": round(seconds, 3),
+                },
+            )
+            written.append(path)
+    return written

@@ -1,0 +1,159 @@
+"""RULER needle-in-a-haystack tasks (niah_single_1/2/3, niah_multikey_1/2/3, niah_multivalue, niah_multiquery).
+
+A needle states that one of the special magic numbers/uuids for a key is a value; the question asks for the
+value(s) of one or more keys. Haystacks: ``noise`` (one filler line repeated), ``needle`` (many distractor
+needles with random keys and values) and ``essay`` (the first N words of the essays, needles put at sentence
+boundaries at depths drawn from 40 evenly spaced percentages). The essay haystack is capped at the essay's
+length (MemAgent's variant) instead of being repeated.
+
+Source: ruler-tasks.md (task table, needle and template facts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memagent.data.documents import sample_rng
+from memagent.data.ruler.common import (
+    DEPTHS,
+    NOISE_LINE,
+    TOKENS_TO_GENERATE,
+    RulerPrompt,
+    fit_length,
+    insert_at_fractions,
+    prefix_from_costs,
+    prose_costs,
+    random_value,
+    split_sentences,
+    to_sample,
+    unit_costs,
+)
+from memagent.errors import DataError
+from memagent.tokenization import Tokenizer
+from memagent.types import Sample
+
+
+@dataclass(frozen=True)
+class NiahConfig:
+    """One NIAH variant: haystack, key and value types, number of keys / values per key / queried keys."""
+
+    haystack: str
+    key_type: str
+    value_type: str
+    num_keys: int = 1
+    num_values: int = 1
+    num_queries: int = 1
+
+
+NIAH_TASKS = {
+    "niah_single_1": NiahConfig("noise", "words", "numbers"),
+    "niah_single_2": NiahConfig("essay", "words", "numbers"),
+    "niah_single_3": NiahConfig("essay", "words", "uuids"),
+    "niah_multikey_1": NiahConfig("essay", "words", "numbers", num_keys=4),
+    "niah_multikey_2": NiahConfig("needle", "words", "numbers"),
+    "niah_multikey_3": NiahConfig("needle", "uuids", "uuids"),
+    "niah_multivalue": NiahConfig("essay", "words", "numbers", num_values=4),
+    "niah_multiquery": NiahConfig("essay", "words", "numbers", num_queries=4),
+}
+
+
+def _needle(value_type: str, key: str, value: str) -> str:
+    return f"One of the special magic {value_type} for {key} is: {value}."
+
+
+def _distinct(kind: str, n: int, rng) -> list[str]:
+    out: list[str] = []
+    while len(out) < n:
+        x = random_value(kind, rng)
+        if x not in out:
+            out.append(x)
+    return out
+
+
+def _prompt_text(cfg: NiahConfig, queries: list[str]) -> tuple[str, str, str, str]:
+    """(preamble, question line, answer prefix, value type as worded) with RULER's singular wording for a
+    single value of a single query."""
+    vtype = cfg.value_type
+    query = queries[0] if len(queries) == 1 else ", ".join(queries[:-1]) + ", and " + queries[-1]
+    if cfg.num_values * cfg.num_queries == 1:
+        vtype = vtype[:-1]
+        pre = f"A special magic {vtype} is hidden within the following text. Make sure to memorize it. I will quiz you about the {vtype} afterwards."
+        q = f"What is the special magic {vtype} for {query} mentioned in the provided text?"
+        ans = f" The special magic {vtype} for {query} mentioned in the provided text is"
+    else:
+        pre = f"Some special magic {vtype} are hidden within the following text. Make sure to memorize it. I will quiz you about the {vtype} afterwards."
+        q = f"What are all the special magic {vtype} for {query} mentioned in the provided text?"
+        ans = f" The special magic {vtype} for {query} mentioned in the provided text are"
+    return pre, q, ans, vtype
+
+
+def build_niah(
+    task: str,
+    length: int,
+    index: int,
+    tokenizer: Tokenizer,
+    seed: int = 42,
+    haystack: str | None = None,
+    data_root: str | None = None,
+) -> Sample:
+    """One NIAH sample whose RULER input fits ``length - 128`` tokens.
+
+    Args:
+        task: a key of :data:`NIAH_TASKS`.
+        length: target length in tokens (input + tokens to generate, RULER's convention).
+        index: sample index; the sample's RNG comes from ``(seed, task, length, index)``.
+        tokenizer: the model's tokenizer.
+        seed: base seed.
+        haystack: replace an ``essay`` haystack by ``gutenberg`` (prose tasks only).
+        data_root: explicit data root for the essays.
+
+    Raises:
+        DataError: unknown task, or the length is too small for the needles.
+    """
+    if task not in NIAH_TASKS:
+        raise DataError(f"unknown NIAH task {task!r}")
+    cfg = NIAH_TASKS[task]
+    rng = sample_rng(seed, f"{task}/{length}/{index}")
+    num_keys = max(cfg.num_keys, cfg.num_queries)
+    keys = _distinct(cfg.key_type, num_keys, rng)
+    values = [_distinct(cfg.value_type, cfg.num_values, rng) for _ in keys]
+    needles = [_needle(cfg.value_type, k, v) for k, vs in zip(keys, values) for v in vs]
+    rng.shuffle(needles)
+    picked = rng.sample(range(num_keys), cfg.num_queries)
+    queries = [keys[i] for i in picked]
+    answers = tuple(v for i in picked for v in values[i])
+    pre, qline, ans_prefix, _ = _prompt_text(cfg, queries)
+    budget = length - TOKENS_TO_GENERATE["niah"]
+    kind = cfg.haystack if cfg.haystack != "essay" or haystack is None else haystack
+
+    if kind in ("essay", "gutenberg"):
+        costs = prose_costs(kind, tokenizer, data_root)
+        depths = sorted(rng.sample(DEPTHS, len(needles)))
+
+        def build(n: int):
+            sents = split_sentences(" ".join(costs.words[:n]))
+            ctx = " ".join(insert_at_fractions(sents, needles, [d / 100 for d in depths]))
+            return ctx, f"{pre}\n{ctx}\n{qline}"
+
+        fitted = fit_length(build, lambda n: float(costs.prefix_tokens[min(n, len(costs.words))]), len(costs.words), budget, tokenizer)
+    else:
+        fractions = [rng.random() for _ in needles]
+        if kind == "noise":
+            line_cost = float(unit_costs([NOISE_LINE, NOISE_LINE], "\n", tokenizer)[0])
+            max_units = budget // max(1, int(line_cost)) + 10
+            units = None
+            prefix = lambda n: n * line_cost  # noqa: E731
+        else:  # distractor needles from their own stream
+            hay_rng = sample_rng(seed, f"{task}/{length}/{index}/haystack")
+            max_units = budget // 8 + 10
+            units = [_needle(cfg.value_type, random_value(cfg.key_type, hay_rng), random_value(cfg.value_type, hay_rng)) for _ in range(max_units)]
+            prefix = prefix_from_costs(unit_costs(units, "\n", tokenizer))
+
+        def build(n: int):
+            lines = [NOISE_LINE] * n if units is None else units[:n]
+            ctx = "\n".join(insert_at_fractions(lines, needles, fractions))
+            return ctx, f"{pre}\n{ctx}\n{qline}"
+
+        fitted = fit_length(build, prefix, max_units, budget, tokenizer, min_units=0)
+    prompt = RulerPrompt(f"{pre}\n{qline}", pre + "\n", str(fitted.value), "\n" + qline, answers, ans_prefix)
+    return to_sample(task, length, index, prompt, fitted.tokens, tokenizer, seed, "niah", haystack=kind, haystack_units=fitted.n)
