@@ -193,9 +193,9 @@ def demo(
         b, tok = build_backend(backend, model, base_url, api_key_env, n_ctx, 1, tokenizer)
         agent = _agent(b, tok, chunk_tokens, memory_tokens, final_tokens, None, 0.0, 1.0, seed, 1, None)
         sample = demo_sample(data_root, agent.tokenizer, target_tokens=target_tokens, seed=seed, index=index)
-        n_chunks = -(-int(sample.metadata.get("num_tokens", 0) or 0) // chunk_tokens)
+        n_chunks = -(-int(sample.metadata.get("length_tokens", 0) or 0) // chunk_tokens)
         typer.secho(f"Question: {sample.question}", bold=True)
-        typer.echo(f"Document: {sample.metadata.get('num_docs', '?')} paragraphs, {sample.metadata.get('num_tokens', '?')} tokens "
+        typer.echo(f"Document: {sample.metadata.get('num_docs', '?')} paragraphs, {sample.metadata.get('length_tokens', '?')} tokens "
                    f"-> {n_chunks} chunks of <= {chunk_tokens} tokens; model {b.name}")
 
         def on_turn(s, turn):

@@ -78,3 +78,16 @@ def test_run_embedded_model_end_to_end(tmp_path, gguf_path):
     assert all(0 < row["completion_tokens"] <= 48 for row in rows[:-1])
     assert rows[-1]["completion_tokens"] <= 32
     assert r.stdout.strip()  # an answer was printed (a 135M model may well be wrong)
+
+
+def test_demo_scripted_shows_memory_and_gold(data_root, tmp_path):
+    trace = tmp_path / "demo.jsonl"
+    r = _run("demo", "-b", "scripted", "--data-root", str(data_root), "--target-tokens", "12000",
+             "--chunk-tokens", "4000", "--trace", str(trace))
+    assert r.exit_code == 0, r.output
+    out = r.stdout
+    assert out.startswith("Question: Were Scott Derrickson and Ed Wood of the same nationality?")
+    assert "--- memory after chunk 1/3" in out and "--- memory after chunk 3/3" in out
+    assert "Gold answer: yes" in out
+    rows = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert [row["kind"] for row in rows] == ["update"] * 3 + ["final"]
