@@ -1,0 +1,110 @@
+"""`memagent eval` and `memagent report` as plain typer-compatible functions (the main CLI mounts them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from memagent.errors import MemagentError
+
+
+def _fail(e: Exception) -> None:
+    typer.secho(f"error: {e}", fg="red", err=True)
+    raise typer.Exit(2)
+
+
+def _flags_config(tasks: str, lengths: str, methods: str, samples: int, output: Path, backend: str, model: Optional[str],
+                  n_ctx: int, chunk_tokens: int, memory_tokens: int, final_tokens: int, max_input_tokens: Optional[int],
+                  max_new_tokens: int, batch_size: int, seed: int, temperature: float, top_p: float,
+                  tokenizer: Optional[str], data_root: Optional[Path]):
+    from memagent.data.cli import parse_ints
+    from memagent.errors import ConfigError
+    from memagent.eval.grid import EvalConfig
+
+    method_list = []
+    for m in [x.strip() for x in methods.split(",") if x.strip()]:
+        if m in ("memagent", "memory_agent"):
+            method_list.append({"name": "memagent", "kind": "memory_agent", "chunk_tokens": chunk_tokens,
+                                "memory_tokens": memory_tokens, "final_tokens": final_tokens, "batch_size": batch_size})
+        elif m == "direct":
+            method_list.append({"name": "direct", "kind": "direct", "max_input_tokens": max_input_tokens,
+                                "max_new_tokens": max_new_tokens, "batch_size": batch_size})
+        else:
+            raise ConfigError(f"--methods: unknown method {m!r}; use memagent and/or direct (or a --config grid)")
+    backend_cfg = {"name": backend, "n_ctx": n_ctx} if backend == "llamacpp" else {"name": backend, "context_tokens": n_ctx}
+    if model:
+        backend_cfg["model_path" if backend == "llamacpp" else "model"] = model
+    task_list = [{"name": t.strip(), "lengths": parse_ints(lengths, "--lengths"), "samples": samples}
+                 for t in tasks.split(",") if t.strip()]
+    return EvalConfig.from_dict({
+        "name": output.name, "output": str(output), "seed": seed, "temperature": temperature, "top_p": top_p,
+        "backend": backend_cfg, "tokenizer": tokenizer, "data_root": None if data_root is None else str(data_root),
+        "methods": method_list, "tasks": task_list,
+    }, "command line")
+
+
+def eval_command(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML grid (configs/eval_*.yaml); flags below are ignored except --output"),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="run folder (default: the config's output, or runs/eval)"),
+    tasks: str = typer.Option("hotpotqa", "--tasks", "-t", help="comma-separated: hotpotqa and/or RULER tasks"),
+    lengths: str = typer.Option("50", "--lengths", "-l", help="hotpotqa: numbers of documents; RULER: tokens (8K,16K)"),
+    methods: str = typer.Option("memagent,direct", "--methods", help="memagent and/or direct"),
+    samples: int = typer.Option(16, "--samples", "-n", help="samples per (task, length)"),
+    backend: str = typer.Option("llamacpp", "--backend", "-b", help="llamacpp | openai | hf | scripted"),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="model path / name for the backend"),
+    n_ctx: int = typer.Option(8192, "--n-ctx", help="context window in tokens"),
+    chunk_tokens: int = typer.Option(5000, "--chunk-tokens"),
+    memory_tokens: int = typer.Option(1024, "--memory-tokens"),
+    final_tokens: int = typer.Option(1024, "--final-tokens"),
+    max_input_tokens: Optional[int] = typer.Option(None, "--max-input-tokens", help="direct: prompt cap (default: window - answer cap)"),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens", help="direct: answer cap"),
+    batch_size: int = typer.Option(8, "--batch-size"),
+    seed: int = typer.Option(0, "--seed"),
+    temperature: float = typer.Option(0.0, "--temperature"),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="tokenizer spec (default: the backend's)"),
+    data_root: Optional[Path] = typer.Option(None, "--data-root"),
+    retry_errors: bool = typer.Option(False, "--retry-errors", help="re-run samples whose earlier row is an error"),
+    no_report: bool = typer.Option(False, "--no-report", help="skip writing summary.md/csv/png at the end"),
+):
+    """Evaluate methods over tasks and lengths; resumable (re-run the same command to continue)."""
+    from dataclasses import replace
+
+    from memagent.eval.grid import EvalConfig
+    from memagent.eval.report import write_report
+    from memagent.eval.runner import EvalRunner
+
+    try:
+        if config is not None:
+            cfg = EvalConfig.from_yaml(config)
+            if output is not None:
+                cfg = replace(cfg, output=str(output))
+        else:
+            cfg = _flags_config(tasks, lengths, methods, samples, output or Path("runs/eval"), backend, model, n_ctx,
+                                chunk_tokens, memory_tokens, final_tokens, max_input_tokens, max_new_tokens, batch_size,
+                                seed, temperature, top_p, tokenizer, data_root)
+        runner = EvalRunner(cfg, log=lambda msg: typer.echo(msg, err=True), retry_errors=retry_errors)
+        results = runner.run()
+        typer.echo(str(results))
+        if not no_report:
+            for p in write_report([cfg.output]):
+                typer.echo(str(p))
+    except MemagentError as e:
+        _fail(e)
+
+
+def report_command(
+    runs: list[Path] = typer.Argument(..., help="run folders (each with results.jsonl)"),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="output folder (default: the first run folder)"),
+    no_plot: bool = typer.Option(False, "--no-plot", help="tables only"),
+):
+    """Tables (Markdown, CSV) and an accuracy-vs-length plot from result files only."""
+    from memagent.eval.report import write_report
+
+    try:
+        for p in write_report(runs, out, plot=not no_plot):
+            typer.echo(str(p))
+    except MemagentError as e:
+        _fail(e)

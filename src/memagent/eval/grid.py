@@ -1,0 +1,212 @@
+"""The evaluation grid: methods x tasks x lengths, loaded from YAML or built from command-line flags.
+
+YAML layout (see ``configs/eval_*.yaml``)::
+
+    name: smoke                      # label of the run
+    output: runs/smoke               # run folder (results.jsonl, manifest.json, data/, traces/)
+    seed: 0                          # sampling seed (per request: derived from seed, sample id, turn)
+    data_seed: 0                     # seed of the data builders (hotpotqa: 0, RULER: 42 by convention)
+    temperature: 0.0
+    top_p: 1.0
+    backend: {name: llamacpp, n_ctx: 8192}       # any make_backend keyword arguments
+    tokenizer: null                  # tokenizer spec; default: the backend's own
+    data_root: null
+    methods:
+      - {name: memagent, kind: memory_agent, chunk_tokens: 5000, memory_tokens: 1024, final_tokens: 1024}
+      - {name: direct, kind: direct, max_input_tokens: 7000, max_new_tokens: 256}
+    tasks:
+      - {name: hotpotqa, lengths: [50, 100, 200], samples: 16}          # lengths in documents
+      - {name: niah_single_2, lengths: [8192, 16384], samples: 16}      # lengths in tokens
+      - {name: mine, lengths: [1], files: {1: my_samples.jsonl}}       # any sample file
+
+Unknown keys are errors (with a did-you-mean), so a typo cannot silently fall back to a default.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from memagent.errors import ConfigError
+
+MethodKind = Literal["memory_agent", "direct"]
+
+#: Metrics per task family; the first is the primary score ("accuracy" in reports).
+HOTPOTQA_METRICS = ("sub_em", "exact_match", "f1", "strict_boxed")
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    """One method of the grid.
+
+    Attributes:
+        name: label in results and reports.
+        kind: ``memory_agent`` (MemoryAgent) or ``direct`` (whole document in one prompt).
+        chunk_tokens, memory_tokens, final_tokens, max_context_tokens, batch_size, templates: agent settings
+            (see :class:`memagent.agent.loop.AgentConfig`); ``templates`` is a YAML prompt file.
+        max_input_tokens: direct: the prompt is cut to this many tokens by center-truncating the document
+            (default: the backend's window minus ``max_new_tokens``).
+        max_new_tokens: direct: answer length cap.
+    """
+
+    name: str
+    kind: MethodKind = "memory_agent"
+    chunk_tokens: int = 5000
+    memory_tokens: int = 1024
+    final_tokens: int = 1024
+    max_context_tokens: int | None = None
+    batch_size: int = 8
+    templates: str | None = None
+    max_input_tokens: int | None = None
+    max_new_tokens: int = 1024
+
+    def __post_init__(self):
+        if self.kind not in ("memory_agent", "direct"):
+            raise ConfigError(f"method {self.name!r}: kind must be memory_agent or direct, got {self.kind!r}")
+        for k in ("chunk_tokens", "memory_tokens", "final_tokens", "batch_size", "max_new_tokens"):
+            if getattr(self, k) < 1:
+                raise ConfigError(f"method {self.name!r}: {k} must be >= 1")
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """One task of the grid.
+
+    Attributes:
+        name: ``hotpotqa``, a RULER task name, or any label when ``files`` is given.
+        lengths: sizes to evaluate; documents for hotpotqa unless ``unit`` is ``tokens``, tokens otherwise.
+        samples: samples per length (the first ``samples`` of the built or given data).
+        unit: ``docs`` or ``tokens`` (default: docs for hotpotqa, tokens otherwise).
+        files: ``{length: sample file}`` to evaluate existing data instead of building it.
+        metrics: verifier names, primary first (default: by task).
+    """
+
+    name: str
+    lengths: tuple[int, ...]
+    samples: int = 16
+    unit: str | None = None
+    files: dict[int, str] = field(default_factory=dict)
+    metrics: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if not self.lengths:
+            raise ConfigError(f"task {self.name!r}: give at least one length")
+        if self.samples < 1:
+            raise ConfigError(f"task {self.name!r}: samples must be >= 1")
+        if self.unit not in (None, "docs", "tokens"):
+            raise ConfigError(f"task {self.name!r}: unit must be docs or tokens, got {self.unit!r}")
+        if self.unit == "docs" and self.name != "hotpotqa":
+            raise ConfigError(f"task {self.name!r}: only hotpotqa lengths can be numbers of documents")
+
+    @property
+    def length_unit(self) -> str:
+        if self.unit:
+            return self.unit
+        return "docs" if self.name == "hotpotqa" and not self.files else "tokens"
+
+    def metric_names(self) -> tuple[str, ...]:
+        if self.metrics:
+            return self.metrics
+        from memagent.data.ruler import RULER_METRIC
+
+        if self.name in RULER_METRIC:
+            return (RULER_METRIC[self.name], "sub_em") if self.name.startswith("qa") else (RULER_METRIC[self.name],)
+        return HOTPOTQA_METRICS
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """The whole grid plus shared settings (see the module docstring)."""
+
+    methods: tuple[MethodConfig, ...]
+    tasks: tuple[TaskConfig, ...]
+    name: str = "eval"
+    output: str = "runs/eval"
+    seed: int = 0
+    data_seed: int | None = None
+    temperature: float = 0.0
+    top_p: float = 1.0
+    backend: dict[str, Any] = field(default_factory=lambda: {"name": "llamacpp"})
+    tokenizer: str | None = None
+    data_root: str | None = None
+
+    def __post_init__(self):
+        if not self.methods or not self.tasks:
+            raise ConfigError("the eval grid needs at least one method and one task")
+        names = [m.name for m in self.methods]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"method names must be unique, got {names}")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ConfigError(f"need temperature >= 0 and 0 < top_p <= 1, got {self.temperature}, {self.top_p}")
+        if "name" not in self.backend:
+            raise ConfigError("backend: give at least {name: llamacpp|openai|hf|scripted}")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str = "config") -> EvalConfig:
+        """Build from plain data; unknown keys raise :class:`ConfigError` naming the closest valid key."""
+        if not isinstance(d, dict):
+            raise ConfigError(f"{where}: expected a mapping at the top level")
+        _check_keys(d, cls, where)
+        methods = tuple(_build(MethodConfig, m, f"{where}: methods[{i}]") for i, m in enumerate(d.get("methods") or []))
+        tasks = []
+        for i, t in enumerate(d.get("tasks") or []):
+            t = dict(t)
+            if "lengths" in t:
+                t["lengths"] = tuple(int(x) for x in t["lengths"])
+            if "metrics" in t:
+                t["metrics"] = tuple(t["metrics"])
+            if "files" in t:
+                t["files"] = {int(k): str(v) for k, v in t["files"].items()}
+            tasks.append(_build(TaskConfig, t, f"{where}: tasks[{i}]"))
+        rest = {k: v for k, v in d.items() if k not in ("methods", "tasks")}
+        return cls(methods=methods, tasks=tuple(tasks), **rest)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> EvalConfig:
+        """Load a grid file.
+
+        Raises:
+            ConfigError: missing file, invalid YAML, unknown keys or bad values.
+        """
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"eval config {str(p)!r} not found")
+        try:
+            data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p}: invalid YAML ({e})") from None
+        return cls.from_dict(data, str(p))
+
+    def to_dict(self) -> dict[str, Any]:
+        return json.loads(json.dumps(asdict(self)))
+
+    def method_hash(self, method: MethodConfig) -> str:
+        """Hash of what determines a method's outputs (method settings, backend, sampling, seed): rows made
+        under another hash must not be mixed into this run."""
+        blob = json.dumps([asdict(method), self.backend, self.tokenizer, self.temperature, self.top_p, self.seed], sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def _check_keys(d: dict[str, Any], cls: type, where: str) -> None:
+    valid = [f.name for f in fields(cls)]
+    for k in d:
+        if k not in valid:
+            close = difflib.get_close_matches(k, valid, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"{where}: unknown key {k!r}{hint} (valid: {', '.join(valid)})")
+
+
+def _build(cls: type, d: Any, where: str):
+    if not isinstance(d, dict):
+        raise ConfigError(f"{where}: expected a mapping")
+    _check_keys(d, cls, where)
+    try:
+        return cls(**d)
+    except TypeError as e:
+        raise ConfigError(f"{where}: {e}") from None

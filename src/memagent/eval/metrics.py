@@ -1,0 +1,114 @@
+"""Aggregate result rows per (method, task, length): mean, stderr, n, n_error, n_empty.
+
+Counting rules (stated so numbers can be compared across runs):
+
+- ``n`` counts every sample of the cell, errors included; an error row scores 0, so ``mean`` is over all
+  ``n`` samples and failures lower it instead of vanishing from the denominator. ``mean_ok`` is over the
+  ``n - n_error`` successful samples.
+- ``n_empty`` counts successful samples whose extracted answer is empty (RULER reports these too).
+- ``stderr`` is the standard error of ``mean``: sample standard deviation (``ddof=1``) / sqrt(n); 0 for n < 2.
+- Rows are keyed by (method, task, length, sample id); if a key appears twice (an error row re-run with
+  ``--retry-errors``), the last row wins.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from memagent.errors import DataError
+
+
+@dataclass(frozen=True)
+class CellSummary:
+    """Summary of one (method, task, length) cell. Scores are fractions in [0, 1]."""
+
+    method: str
+    task: str
+    length: int
+    length_unit: str
+    metric: str
+    n: int
+    n_error: int
+    n_empty: int
+    mean: float
+    stderr: float
+    mean_ok: float
+    means: dict[str, float] = field(default_factory=dict)
+    mean_context_tokens: float | None = None
+    mean_seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def read_results(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Rows of a ``results.jsonl`` (a torn last line is ignored; duplicates resolved, last wins).
+
+    Raises:
+        DataError: missing file, or a malformed line other than the last.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"results file {str(p)!r} not found")
+    lines = p.read_text(encoding="utf-8").split("\n")
+    rows: dict[tuple, dict[str, Any]] = {}
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines):  # torn by a kill while writing
+                break
+            raise DataError(f"{p}:{i}: malformed result row") from None
+        rows[(row["method"], row["task"], int(row["length"]), str(row["sample_id"]))] = row
+    return list(rows.values())
+
+
+def _stderr(xs: list[float]) -> float:
+    n = len(xs)
+    if n < 2:
+        return 0.0
+    mu = sum(xs) / n
+    var = sum((x - mu) ** 2 for x in xs) / (n - 1)
+    return math.sqrt(var / n)
+
+
+def summarize(rows: Iterable[dict[str, Any]]) -> list[CellSummary]:
+    """One summary per (method, task, length), sorted by task, length, method."""
+    cells: dict[tuple[str, str, int], list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        cells[(r["method"], r["task"], int(r["length"]))].append(r)
+    out = []
+    for (method, task, length), rs in cells.items():
+        scores = [float(r["score"]) if r["status"] == "ok" else 0.0 for r in rs]
+        ok = [r for r in rs if r["status"] == "ok"]
+        names = list(rs[0].get("scores", {}))
+        means = {k: sum(float(r["scores"].get(k, 0.0)) if r["status"] == "ok" else 0.0 for r in rs) / len(rs) for k in names}
+        ctx = [r["context_tokens"] for r in rs if r.get("context_tokens") is not None]
+        out.append(
+            CellSummary(
+                method=method,
+                task=task,
+                length=length,
+                length_unit=rs[0].get("length_unit", "tokens"),
+                metric=rs[0].get("metric", ""),
+                n=len(rs),
+                n_error=len(rs) - len(ok),
+                n_empty=sum(1 for r in ok if not (r.get("answer") or "").strip()),
+                mean=sum(scores) / len(scores),
+                stderr=_stderr(scores),
+                mean_ok=sum(float(r["score"]) for r in ok) / len(ok) if ok else 0.0,
+                means=means,
+                mean_context_tokens=sum(ctx) / len(ctx) if ctx else None,
+                mean_seconds=sum(float(r.get("seconds") or 0.0) for r in rs) / len(rs),
+            )
+        )
+    return sorted(out, key=lambda c: (c.task, c.length, c.method))

@@ -1,0 +1,167 @@
+"""Reports from result files only: Markdown and CSV tables, and accuracy-vs-length plots.
+
+``write_report(run_dirs, out_dir)`` reads each run's ``results.jsonl`` (and ``manifest.json`` for labels),
+never a model, so reports can be redone at any time. With several runs, methods are labelled
+``<run name>/<method>`` and compared in one table. Scores are shown in percent.
+
+Outputs in ``out_dir``: ``summary.csv`` (one row per run/method/task/length with every count and metric),
+``summary.md`` (per task: lengths down, methods across, ``mean ± stderr`` plus error/empty counts) and
+``accuracy.png`` (one panel per task: accuracy against length on a log axis, one line per method, in the
+manner of the paper's Figure 1).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from memagent.errors import DataError
+from memagent.eval.metrics import CellSummary, read_results, summarize
+
+
+def load_runs(run_dirs: Sequence[str | os.PathLike]) -> list[tuple[str, list[CellSummary], dict]]:
+    """``(label, summaries, manifest)`` per run folder (label: the manifest's name, else the folder name).
+
+    Raises:
+        DataError: a folder has no ``results.jsonl``.
+    """
+    runs = []
+    for d in run_dirs:
+        p = Path(d)
+        manifest_path = p / "manifest.json"
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8")) if manifest_path.is_file() else {}
+        runs.append((manifest.get("name") or p.name, summarize(read_results(p / "results.jsonl")), manifest))
+    labels = [r[0] for r in runs]
+    if len(set(labels)) != len(labels):  # two runs with one name: fall back to folder names
+        runs = [(Path(d).name, s, m) for d, (_, s, m) in zip(run_dirs, runs)]
+    return runs
+
+
+def _series(runs) -> list[tuple[str, CellSummary]]:
+    multi = len(runs) > 1
+    return [(f"{label}/{c.method}" if multi else c.method, c) for label, cells, _ in runs for c in cells]
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}"
+
+
+def _length_label(length: int, unit: str) -> str:
+    if unit == "docs":
+        return f"{length} docs"
+    return f"{length // 1024}K" if length % 1024 == 0 and length >= 1024 else str(length)
+
+
+def write_csv(path: Path, series: list[tuple[str, CellSummary]]) -> None:
+    metric_names = sorted({k for _, c in series for k in c.means})
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["method", "task", "length", "length_unit", "metric", "mean_pct", "stderr_pct", "n", "n_error", "n_empty",
+                    "mean_ok_pct", "mean_context_tokens", "mean_seconds"] + [f"{m}_pct" for m in metric_names])
+        for label, c in series:
+            ctx = "" if c.mean_context_tokens is None else f"{c.mean_context_tokens:.0f}"
+            w.writerow([label, c.task, c.length, c.length_unit, c.metric, _pct(c.mean), _pct(c.stderr), c.n, c.n_error, c.n_empty,
+                        _pct(c.mean_ok), ctx, f"{c.mean_seconds:.2f}"] + [_pct(c.means[m]) if m in c.means else "" for m in metric_names])
+
+
+def markdown_table(series: list[tuple[str, CellSummary]]) -> str:
+    """Per task: a table with lengths as rows and methods as columns; cells ``mean ± stderr`` in percent,
+    followed by ``(n, errors, empty)`` when any error or empty answer occurred."""
+    out = []
+    for task in sorted({c.task for _, c in series}):
+        cells = [(lab, c) for lab, c in series if c.task == task]
+        methods = list(dict.fromkeys(lab for lab, _ in cells))
+        lengths = sorted({(c.length, c.length_unit) for _, c in cells})
+        metric = cells[0][1].metric
+        out.append(f"### {task} ({metric}, %; n per cell = {max(c.n for _, c in cells)})\n")
+        out.append("| length | " + " | ".join(methods) + " |")
+        out.append("|---|" + "---|" * len(methods))
+        index = {(lab, c.length): c for lab, c in cells}
+        for length, unit in lengths:
+            row = []
+            for m in methods:
+                c = index.get((m, length))
+                if c is None:
+                    row.append("")
+                    continue
+                txt = f"{_pct(c.mean)} ± {_pct(c.stderr)}"
+                if c.n_error or c.n_empty:
+                    txt += f" (n={c.n}, err={c.n_error}, empty={c.n_empty})"
+                row.append(txt)
+            ctx = next((c.mean_context_tokens for lab, c in cells if c.length == length and c.mean_context_tokens), None)
+            label = _length_label(length, unit) + (f" (~{ctx / 1000:.1f}K tok)" if unit == "docs" and ctx else "")
+            out.append(f"| {label} | " + " | ".join(row) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def plot_accuracy(path: Path, series: list[tuple[str, CellSummary]]) -> None:
+    """One panel per task: mean score (%) against length (log x axis), one line per method, stderr bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = sorted({c.task for _, c in series})
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.8 * len(tasks), 3.8), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        cells = [(lab, c) for lab, c in series if c.task == task]
+        for lab in dict.fromkeys(lab for lab, _ in cells):
+            pts = sorted((c.length, c.mean, c.stderr) for m, c in cells if m == lab)
+            xs, ys, es = zip(*pts)
+            ax.errorbar(xs, [100 * y for y in ys], yerr=[100 * e for e in es], marker="o", capsize=3, label=lab)
+        unit = cells[0][1].length_unit
+        ax.set_xscale("log", base=2)
+        xs_all = sorted({c.length for _, c in cells})
+        ax.set_xticks(xs_all)
+        ax.set_xticklabels([_length_label(x, unit).replace(" docs", "") for x in xs_all])
+        ax.set_xlabel("documents" if unit == "docs" else "context length (tokens)")
+        ax.set_ylabel(f"{cells[0][1].metric} (%)")
+        ax.set_ylim(-2, 102)
+        ax.set_title(task)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_report(run_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLike | None = None, plot: bool = True) -> list[Path]:
+    """Write ``summary.csv``, ``summary.md`` and ``accuracy.png`` for one or more runs.
+
+    Args:
+        run_dirs: run folders (each with ``results.jsonl``).
+        out_dir: where to write (default: the first run folder).
+        plot: also draw the PNG.
+
+    Returns:
+        The files written.
+
+    Raises:
+        DataError: no run folders, or a folder without results.
+    """
+    if not run_dirs:
+        raise DataError("give at least one run folder")
+    runs = load_runs(run_dirs)
+    series = _series(runs)
+    if not series:
+        raise DataError(f"no result rows in {', '.join(map(str, run_dirs))}")
+    out = Path(out_dir) if out_dir is not None else Path(run_dirs[0])
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "summary.csv", out / "summary.md"]
+    write_csv(written[0], series)
+    header = ["# Evaluation summary\n"]
+    for label, _, m in runs:
+        if m:
+            header.append(f"- **{label}**: backend `{m.get('backend')}`, tokenizer `{m.get('tokenizer')}`, seed {m.get('seed')}, "
+                          f"prompt hashes {m.get('prompt_hashes')}, memagent {m.get('package_version')} ({(m.get('git_commit') or '')[:10]})")
+    header.append("\nScores in %, mean ± standard error over all samples of a cell; failed requests count as 0 "
+                  "(err = failed samples, empty = empty extracted answers).\n")
+    written[1].write_text("\n".join(header) + "\n" + markdown_table(series), encoding="utf-8")
+    if plot:
+        written.append(out / "accuracy.png")
+        plot_accuracy(written[-1], series)
+    return written

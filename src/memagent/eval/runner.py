@@ -1,0 +1,380 @@
+"""Run an evaluation grid (methods x tasks x lengths), one JSONL row per sample, resumable.
+
+Run folder layout::
+
+    manifest.json        provenance: config, per-method hash, prompt hashes, backend/model, tokenizer, seeds,
+                         package version, git commit, data manifests
+    results.jsonl        one row per (method, task, length, sample id), appended and fsync'ed as each
+                         sample finishes
+    data/                the samples of every (task, length) cell, built once and reused on resume
+    traces/              memory-agent turn traces per (method, task, length)
+
+Guarantees:
+
+- Every sample gets a row. A request that fails gives a row with ``status="error"`` and the error message;
+  summaries count it (score 0, ``n_error``), so the denominator never shrinks (the reference drops failed
+  samples and retries them later; reference doc section 6 item 11).
+- Resume: rows already in ``results.jsonl`` are skipped by key, so a killed run continues where it stopped and
+  never counts a sample twice; a torn last line (killed mid-write) is cut off. Rows written under a different
+  method configuration (a different ``method_hash``) make the runner stop instead of mixing results.
+- Cells are independent: a sample's data depends only on (data seed, task, length, sample id), and sampling
+  seeds only on (seed, sample id, turn), not on which cells ran before.
+
+Methods: ``memory_agent`` runs :class:`memagent.agent.loop.MemoryAgent`. ``direct`` is the long-context
+baseline: the whole document in one prompt (:data:`DIRECT_TEMPLATE`), the document center-truncated so the
+prompt fits ``max_input_tokens``; the reference instead truncates the whole rendered prompt, which can cut
+into the question (reference doc section 1.7).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from memagent.errors import ConfigError
+from memagent.eval.grid import EvalConfig, MethodConfig, TaskConfig
+from memagent.types import Message, Request, Sample, Trajectory
+
+#: The direct baseline's prompt (memagent's wording; slots {document}, {question}).
+DIRECT_TEMPLATE = (
+    "Read the document below and answer the question that follows it.\n\n<document>\n{document}\n</document>\n\n"
+    "Question: {question}\n\nAnswer briefly and put the final answer in \\boxed{{}}."
+)
+
+Log = Callable[[str], None]
+
+
+def direct_template_hash() -> str:
+    return hashlib.sha256(DIRECT_TEMPLATE.encode()).hexdigest()[:12]
+
+
+def row_key(row: dict[str, Any]) -> tuple[str, str, int, str]:
+    """The identity of a result row: (method, task, length, sample id)."""
+    return (row["method"], row["task"], int(row["length"]), str(row["sample_id"]))
+
+
+class ResultWriter:
+    """Appends rows to ``results.jsonl``, flushing and fsync'ing each one.
+
+    On open, a last line without a newline (a row torn by a kill) is cut off, and the keys and method hashes of
+    the complete rows are loaded for resume checks.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.done: dict[tuple[str, str, int, str], str] = {}
+        self.hashes: dict[str, set[str]] = {}
+        if self.path.exists():
+            self._repair_and_load()
+        self._f = open(self.path, "a", encoding="utf-8")
+
+    def _repair_and_load(self) -> None:
+        data = self.path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            keep = data.rfind(b"\n") + 1
+            with open(self.path, "r+b") as f:
+                f.truncate(keep)
+            data = data[:keep]
+        for line in data.decode("utf-8").splitlines():
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            self.done[row_key(row)] = row["status"]
+            self.hashes.setdefault(row["method"], set()).add(row.get("method_hash", ""))
+
+    def write(self, row: dict[str, Any]) -> None:
+        self._f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self.done[row_key(row)] = row["status"]
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def _package_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("memagent")
+    except Exception:  # not installed: source checkout
+        return "unknown"
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, cwd=Path(__file__).parent)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+class EvalRunner:
+    """Runs an :class:`EvalConfig`.
+
+    Args:
+        config: the grid.
+        backend: a ready backend (default: built from ``config.backend``).
+        tokenizer: the model's tokenizer (default: ``config.tokenizer``, else the backend's).
+        log: receives one progress line per cell (default: silent).
+        retry_errors: re-run samples whose earlier row is an error (the new row supersedes it in summaries).
+        progress: show the agent's progress bars.
+    """
+
+    def __init__(self, config: EvalConfig, backend=None, tokenizer=None, log: Log | None = None, retry_errors: bool = False, progress: bool = False):
+        self.config = config
+        self.run_dir = Path(config.output)
+        self.log = log or (lambda _msg: None)
+        self.retry_errors = retry_errors
+        self.progress = progress
+        if backend is None:
+            from memagent.backends import make_backend
+
+            kw = {k: v for k, v in config.backend.items() if k != "name"}
+            backend = make_backend(config.backend["name"], **kw)
+        self.backend = backend
+        if tokenizer is None and config.tokenizer:
+            from memagent.data.cli import resolve_tokenizer
+
+            tokenizer = resolve_tokenizer(config.tokenizer)
+        self.tokenizer = tokenizer or getattr(backend, "tokenizer", None)
+        if self.tokenizer is None:
+            raise ConfigError(f"backend {backend.name!r} has no tokenizer: set `tokenizer:` in the eval config or pass --tokenizer")
+
+    # ------------------------------------------------------------------------------------------ data
+    def cell_samples(self, task: TaskConfig, length: int) -> list[Sample]:
+        """The samples of one (task, length) cell: from ``task.files``, else built once into ``data/``."""
+        from memagent.data.io import read_samples, write_samples
+
+        if length in task.files:
+            return read_samples(task.files[length], limit=task.samples)
+        if task.files:
+            raise ConfigError(f"task {task.name!r}: no file given for length {length} (files: {sorted(task.files)})")
+        path = self.run_dir / "data" / f"{task.name}_{length}.jsonl"
+        if path.exists():
+            samples = read_samples(path)
+            if len(samples) >= task.samples:
+                return samples[: task.samples]
+        samples = self._build(task, length)
+        write_samples(path, samples)
+        return samples
+
+    def _build(self, task: TaskConfig, length: int) -> list[Sample]:
+        root = self.config.data_root
+        if task.name == "hotpotqa":
+            from memagent.data import paths
+            from memagent.data.hotpotqa import build_pool, build_sample, load_hotpotqa, select_records
+
+            records = load_hotpotqa(paths.data_file(paths.HOTPOTQA_DEV, root))
+            pool = build_pool(records, name="hotpotqa-dev")
+            seed = self.config.data_seed if self.config.data_seed is not None else 0
+            kw = {"num_docs": length} if task.length_unit == "docs" else {"target_tokens": length}
+            return [build_sample(r, pool, self.tokenizer, seed, **kw) for r in select_records(records, task.samples)]
+        from memagent.data.ruler import build_ruler_sample
+
+        seed = self.config.data_seed if self.config.data_seed is not None else 42
+        return [build_ruler_sample(task.name, length, i, self.tokenizer, seed, data_root=root) for i in range(task.samples)]
+
+    # ------------------------------------------------------------------------------------------- run
+    def write_manifest(self) -> None:
+        from memagent.agent.prompts import DEFAULT_TEMPLATES, PromptTemplates
+
+        prompt_hashes = {}
+        for m in self.config.methods:
+            if m.kind == "direct":
+                prompt_hashes[m.name] = direct_template_hash()
+            else:
+                prompt_hashes[m.name] = (PromptTemplates.from_file(m.templates) if m.templates else DEFAULT_TEMPLATES).hash
+        manifest = {
+            "name": self.config.name,
+            "config": self.config.to_dict(),
+            "method_hashes": {m.name: self.config.method_hash(m) for m in self.config.methods},
+            "prompt_hashes": prompt_hashes,
+            "backend": self.backend.name,
+            "context_tokens": self.backend.context_tokens,
+            "tokenizer": self.tokenizer.name,
+            "seed": self.config.seed,
+            "data_seed": self.config.data_seed,
+            "package_version": _package_version(),
+            "git_commit": _git_commit(),
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+    def run(self) -> Path:
+        """Run every cell not yet complete; returns the path of ``results.jsonl``.
+
+        Raises:
+            ConfigError: the run folder holds rows of a differently configured method of the same name.
+            DataError: a cell's data cannot be built or read.
+        """
+        writer = ResultWriter(self.run_dir / "results.jsonl")
+        try:
+            for m in self.config.methods:
+                old = writer.hashes.get(m.name, set()) - {self.config.method_hash(m)}
+                if old:
+                    raise ConfigError(
+                        f"{self.run_dir}/results.jsonl holds rows of method {m.name!r} made with other settings "
+                        f"(hash {sorted(old)[0]}); use a new --output folder or rename the method"
+                    )
+            self.write_manifest()
+            for task in self.config.tasks:
+                for length in task.lengths:
+                    samples = self.cell_samples(task, length)
+                    for method in self.config.methods:
+                        todo = [s for s in samples if self._needs_run(writer, method, task, length, s)]
+                        self.log(f"[{method.name} | {task.name} | {length}] {len(samples) - len(todo)} done, {len(todo)} to run")
+                        if todo:
+                            self._run_cell(writer, method, task, length, todo)
+        finally:
+            writer.close()
+        return self.run_dir / "results.jsonl"
+
+    def _needs_run(self, writer: ResultWriter, method: MethodConfig, task: TaskConfig, length: int, s: Sample) -> bool:
+        status = writer.done.get((method.name, task.name, length, s.id))
+        return status is None or (self.retry_errors and status == "error")
+
+    def _run_cell(self, writer: ResultWriter, method: MethodConfig, task: TaskConfig, length: int, samples: list[Sample]) -> None:
+        base = {"method": method.name, "task": task.name, "length": length, "length_unit": task.length_unit, "method_hash": self.config.method_hash(method)}
+        metrics = task.metric_names()
+        if method.kind == "memory_agent":
+            self._run_agent(writer, method, samples, base, metrics, f"{task.name}_{length}")
+        else:
+            self._run_direct(writer, method, samples, base, metrics)
+
+    def _run_agent(self, writer, method: MethodConfig, samples, base, metrics, cell: str) -> None:
+        from memagent.agent.loop import AgentConfig, MemoryAgent, write_trace
+        from memagent.agent.prompts import DEFAULT_TEMPLATES, PromptTemplates
+
+        cfg = AgentConfig(
+            chunk_tokens=method.chunk_tokens, memory_tokens=method.memory_tokens, final_tokens=method.final_tokens,
+            max_context_tokens=method.max_context_tokens, temperature=self.config.temperature, top_p=self.config.top_p,
+            seed=self.config.seed, batch_size=method.batch_size,
+        )
+        templates = PromptTemplates.from_file(method.templates) if method.templates else DEFAULT_TEMPLATES
+        agent = MemoryAgent(self.backend, cfg, templates, tokenizer=self.tokenizer)
+        trace_rel = f"traces/{method.name}/{cell}.jsonl"
+        (self.run_dir / trace_rel).parent.mkdir(parents=True, exist_ok=True)
+        runnable = []
+        for s in samples:  # a question too long for the window is one bad sample, not a crashed run
+            try:
+                agent.check_budget(s.question, s.id)
+                runnable.append(s)
+            except ConfigError as e:
+                writer.write(make_row(base, s, metrics, error=str(e)))
+
+        def on_result(s: Sample, traj: Trajectory) -> None:
+            write_trace(self.run_dir / trace_rel, [traj], append=True)
+            writer.write(trajectory_row(base, s, traj, metrics, trace_rel))
+
+        agent.run(runnable, on_result=on_result, progress=self.progress)
+
+    def _run_direct(self, writer, method: MethodConfig, samples, base, metrics) -> None:
+        from memagent.answers import extract_answer
+
+        budget = method.max_input_tokens
+        if budget is None:
+            if self.backend.context_tokens is None:
+                raise ConfigError(f"method {method.name!r}: set max_input_tokens (the backend's context window is unknown)")
+            budget = self.backend.context_tokens - method.max_new_tokens
+        for i in range(0, len(samples), method.batch_size):
+            batch = samples[i : i + method.batch_size]
+            prepared = [self._direct_prompt(s, budget) for s in batch]
+            requests = [
+                Request((Message("user", text),), method.max_new_tokens, self.config.temperature, self.config.top_p, self._seed(s.id), f"{s.id}/direct")
+                for s, (text, _) in zip(batch, prepared)
+            ]
+            t0 = time.perf_counter()
+            comps = self.backend.generate(requests)
+            share = (time.perf_counter() - t0) / max(1, len(batch))
+            for s, (_, doc_tokens), c in zip(batch, prepared, comps):
+                usage = {"prompt_tokens": c.usage.prompt_tokens, "completion_tokens": c.usage.completion_tokens, "turns": 1}
+                if c.finish_reason == "error":
+                    row = make_row(base, s, metrics, error=c.error or "backend error", document_tokens=doc_tokens, seconds=c.seconds or share, **usage)
+                else:
+                    ext = extract_answer(c.text)
+                    row = make_row(base, s, metrics, response=c.text, answer=ext.answer, extraction=ext.method,
+                                   document_tokens=doc_tokens, seconds=c.seconds or share, **usage)
+                writer.write(row)
+
+    def _direct_prompt(self, s: Sample, budget: int) -> tuple[str, int]:
+        from memagent.backends.base import DEFAULT_CHAT_OVERHEAD_TOKENS
+        from memagent.chunking import center_truncate
+        from memagent.tokenization import count_tokens
+
+        empty = DIRECT_TEMPLATE.format(document="", question=s.question)
+        fixed = self.backend.count_prompt_tokens((Message("user", empty),))
+        if fixed is None:
+            fixed = count_tokens(self.tokenizer, empty) + DEFAULT_CHAT_OVERHEAD_TOKENS
+        doc, n = center_truncate(s.context, self.tokenizer, max(2, budget - fixed - 2))
+        return DIRECT_TEMPLATE.format(document=doc, question=s.question), n
+
+    def _seed(self, sample_id: str) -> int:
+        return zlib.crc32(f"{self.config.seed}/{sample_id}/direct".encode()) & 0x7FFFFFFF
+
+
+def make_row(
+    base: dict[str, Any],
+    s: Sample,
+    metrics: Sequence[str],
+    response: str = "",
+    answer: str = "",
+    extraction: str = "empty",
+    error: str | None = None,
+    document_tokens: int | None = None,
+    prompt_tokens: int = 0,
+    completion_tokens: int = 0,
+    turns: int = 0,
+    seconds: float = 0.0,
+    trace: str | None = None,
+) -> dict[str, Any]:
+    """One result row; scores are computed here (0 for every metric when ``error`` is set).
+
+    Metrics see the extracted answer, except ``strict_boxed*`` which see the raw response (they find the box).
+    """
+    from memagent.verifiers import get_verifier
+
+    scores = {}
+    for name in metrics:
+        pred = response if name.startswith("strict_boxed") else answer
+        scores[name] = 0.0 if error else float(get_verifier(name)(pred, s.answers))
+    return {
+        **base,
+        "sample_id": s.id,
+        "status": "error" if error else "ok",
+        "error": error,
+        "question": s.question,
+        "answers": list(s.answers),
+        "response": response,
+        "answer": answer,
+        "extraction": extraction,
+        "metric": metrics[0],
+        "score": scores[metrics[0]],
+        "scores": scores,
+        "context_tokens": s.metadata.get("length_tokens"),
+        "document_tokens": document_tokens,
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "turns": turns,
+        "seconds": round(seconds, 4),
+        "trace": trace,
+    }
+
+
+def trajectory_row(base: dict[str, Any], s: Sample, traj: Trajectory, metrics: Sequence[str], trace: str | None) -> dict[str, Any]:
+    """A result row from a memory-agent trajectory."""
+    return make_row(
+        base, s, metrics, response=traj.response, answer=traj.answer, extraction=traj.extraction, error=traj.error,
+        document_tokens=traj.document_tokens, prompt_tokens=sum(t.prompt_tokens for t in traj.turns),
+        completion_tokens=sum(t.completion_tokens for t in traj.turns), turns=len(traj.turns), seconds=traj.seconds,
+        trace=trace,
+    )

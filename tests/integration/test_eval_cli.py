@@ -1,0 +1,50 @@
+"""`memagent eval` and `memagent report` end to end with the scripted backend (no model)."""
+
+import json
+
+import typer
+from typer.testing import CliRunner
+
+from memagent.eval.cli import eval_command, report_command
+
+
+def _app():
+    app = typer.Typer()
+    app.command("eval")(eval_command)
+    app.command("report")(report_command)
+    return app
+
+
+def test_eval_flags_then_resume_then_report(tmp_path):
+    out = tmp_path / "run"
+    args = ["eval", "--tasks", "niah_single_1,vt", "--lengths", "2K", "-n", "3", "--backend", "scripted",
+            "--chunk-tokens", "1000", "--memory-tokens", "128", "--final-tokens", "64", "--max-new-tokens", "64",
+            "--max-input-tokens", "1500", "-o", str(out)]
+    r = CliRunner().invoke(_app(), args)
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 * 2 * 3 and {r["method"] for r in rows} == {"memagent", "direct"}
+    assert {r["metric"] for r in rows} == {"string_match_all"}
+    assert (out / "data" / "vt_2048.jsonl").is_file() and (out / "summary.md").is_file() and (out / "accuracy.png").is_file()
+    r = CliRunner().invoke(_app(), args)  # resume: nothing left to do
+    assert r.exit_code == 0 and "0 to run" in r.output and "3 to run" not in r.output
+    assert len((out / "results.jsonl").read_text().splitlines()) == 12
+    r = CliRunner().invoke(_app(), ["report", str(out), "--out", str(tmp_path / "rep"), "--no-plot"])
+    assert r.exit_code == 0, r.output
+    assert "niah_single_1" in (tmp_path / "rep" / "summary.md").read_text()
+
+
+def test_eval_config_file_and_errors(tmp_path):
+    cfg = tmp_path / "grid.yaml"
+    cfg.write_text("methods: [{name: m, chunk_tokens: 500}]\ntasks: [{name: vt, lengths: [2048], samples: 2}]\n"
+                   "backend: {name: scripted}\n")
+    r = CliRunner().invoke(_app(), ["eval", "--config", str(cfg), "-o", str(tmp_path / "o"), "--no-report"])
+    assert r.exit_code == 0, r.output
+    assert len((tmp_path / "o" / "results.jsonl").read_text().splitlines()) == 2
+    cfg.write_text("methods: [{name: m, chunk_tokns: 500}]\ntasks: []\n")
+    r = CliRunner().invoke(_app(), ["eval", "--config", str(cfg)])
+    assert r.exit_code == 2 and "did you mean 'chunk_tokens'" in r.output
+    r = CliRunner().invoke(_app(), ["eval", "--methods", "magic", "--backend", "scripted"])
+    assert r.exit_code == 2 and "unknown method 'magic'" in r.output
+    r = CliRunner().invoke(_app(), ["report", str(tmp_path / "missing")])
+    assert r.exit_code == 2 and "not found" in r.output

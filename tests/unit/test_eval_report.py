@@ -1,0 +1,80 @@
+"""Metrics aggregation and reports from result files only."""
+
+import csv
+import json
+import math
+
+import pytest
+
+from memagent.errors import DataError
+from memagent.eval.metrics import read_results, summarize
+from memagent.eval.report import markdown_table, write_report
+
+
+def _row(method, task, length, sid, score, status="ok", answer="x", unit="tokens"):
+    return {
+        "method": method, "task": task, "length": length, "length_unit": unit, "sample_id": sid, "status": status,
+        "answer": answer, "metric": "sub_em", "score": score, "scores": {"sub_em": score, "f1": score / 2},
+        "context_tokens": 1000 + length, "seconds": 2.0,
+    }
+
+
+def _write_run(folder, rows, name):
+    folder.mkdir(parents=True)
+    (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "manifest.json").write_text(json.dumps({"name": name, "backend": "scripted", "tokenizer": "bytes", "seed": 0}))
+
+
+def test_summarize_hand_computed():
+    rows = [
+        _row("m", "t", 8, "a", 1.0),
+        _row("m", "t", 8, "b", 0.0, answer=""),
+        _row("m", "t", 8, "c", 1.0, status="error"),  # an error scores 0 whatever its row says
+        _row("m", "t", 8, "d", 1.0),
+        _row("m", "t", 16, "a", 0.5),
+    ]
+    c8, c16 = summarize(rows)
+    assert (c8.length, c8.n, c8.n_error, c8.n_empty) == (8, 4, 1, 1)
+    assert c8.mean == 0.5 and c8.mean_ok == pytest.approx(2 / 3)
+    assert c8.stderr == pytest.approx(math.sqrt((4 * 0.25 / 3) / 4))
+    assert c8.means == {"sub_em": 0.5, "f1": 0.25}
+    assert (c16.n, c16.stderr, c16.mean) == (1, 0.0, 0.5)
+    assert c8.mean_context_tokens == 1008 and c8.mean_seconds == 2.0
+
+
+def test_read_results_last_wins_and_torn_tail(tmp_path):
+    p = tmp_path / "results.jsonl"
+    rows = [_row("m", "t", 8, "a", 0.0, status="error"), _row("m", "t", 8, "a", 1.0)]
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"method": "m", "tas')
+    (only,) = read_results(p)
+    assert only["status"] == "ok" and only["score"] == 1.0
+    p.write_text('{"bad\n' + json.dumps(rows[0]) + "\n")
+    with pytest.raises(DataError, match=r"results.jsonl:1: malformed"):
+        read_results(p)
+    with pytest.raises(DataError, match="not found"):
+        read_results(tmp_path / "nope.jsonl")
+
+
+def test_report_two_runs(tmp_path):
+    a = [_row(m, "hotpotqa", n, s, float(s == "a"), unit="docs") for m in ("memagent", "direct") for n in (50, 100) for s in "ab"]
+    b = [_row("memagent", "hotpotqa", 50, s, 1.0, unit="docs") for s in "ab"] + [_row("memagent", "vt", 8192, "a", 1.0)]
+    _write_run(tmp_path / "r1", a, "base")
+    _write_run(tmp_path / "r2", b, "new")
+    files = write_report([tmp_path / "r1", tmp_path / "r2"], tmp_path / "out")
+    assert [f.name for f in files] == ["summary.csv", "summary.md", "accuracy.png"]
+    assert (tmp_path / "out" / "accuracy.png").stat().st_size > 5000
+    rows = list(csv.DictReader(open(tmp_path / "out" / "summary.csv")))
+    assert len(rows) == 4 + 1 + 1
+    r = next(x for x in rows if x["method"] == "base/direct" and x["length"] == "100")
+    assert (r["mean_pct"], r["stderr_pct"], r["n"], r["n_error"], r["f1_pct"]) == ("50.0", "50.0", "2", "0", "25.0")
+    md = (tmp_path / "out" / "summary.md").read_text()
+    assert "| length | base/direct | base/memagent | new/memagent |" in md
+    assert "| 50 docs (~1.1K tok) | 50.0 ± 50.0 | 50.0 ± 50.0 | 100.0 ± 0.0 |" in md
+    assert "### vt (sub_em, %; n per cell = 1)" in md
+    with pytest.raises(DataError, match="at least one"):
+        write_report([])
+
+
+def test_markdown_marks_errors_and_empties():
+    cells = summarize([_row("m", "t", 1024, "a", 1.0), _row("m", "t", 1024, "b", 0.0, status="error")])
+    assert "| 1K | 50.0 ± 50.0 (n=2, err=1, empty=0) |" in markdown_table([("m", c) for c in cells])

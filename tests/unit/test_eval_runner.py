@@ -1,0 +1,203 @@
+"""Eval runner: rows per sample, error rows counted, resume after a kill, provenance, direct truncation."""
+
+import json
+import math
+
+import pytest
+
+from memagent.backends.scripted import ScriptedBackend
+from memagent.data.io import write_samples
+from memagent.errors import ConfigError
+from memagent.eval.grid import EvalConfig
+from memagent.eval.metrics import read_results, summarize
+from memagent.eval.runner import EvalRunner, ResultWriter
+from memagent.types import Sample
+
+GOLD = {"s0": "Paris", "s1": "Rome", "s2": "Oslo", "s3": "Lima"}
+REPLY = {"s0": "\\boxed{Paris}", "s1": "The answer is Rome.", "s2": "\\boxed{Bern}", "s3": "   "}
+
+
+def responder(req):
+    sid, kind = req.request_id.split("/")
+    if kind in ("final", "direct"):
+        return REPLY[sid]
+    return "notes"
+
+
+def _data(tmp_path, length, doc_chars=300):
+    samples = [Sample(sid, f"Capital number {sid}?", f"{sid} " + "filler text. " * (doc_chars // 13), (gold,)) for sid, gold in GOLD.items()]
+    path = tmp_path / f"toy_{length}.jsonl"
+    write_samples(path, samples)
+    return str(path)
+
+
+def _config(tmp_path, out="run", **kw):
+    files = {100: _data(tmp_path, 100), 200: _data(tmp_path, 200, 900)}
+    d = {
+        "name": "toy",
+        "output": str(tmp_path / out),
+        "backend": {"name": "scripted"},
+        "methods": [
+            {"name": "memagent", "kind": "memory_agent", "chunk_tokens": 200, "memory_tokens": 64, "final_tokens": 64, "batch_size": 3},
+            {"name": "direct", "kind": "direct", "max_input_tokens": 400, "max_new_tokens": 32, "batch_size": 3},
+        ],
+        "tasks": [{"name": "toy", "lengths": [100, 200], "samples": 4, "files": files}],
+    }
+    d.update(kw)
+    return EvalConfig.from_dict(d)
+
+
+def test_rows_scores_and_summary(tmp_path):
+    cfg = _config(tmp_path)
+    backend = ScriptedBackend(responder=responder)
+    path = EvalRunner(cfg, backend=backend).run()
+    rows = read_results(path)
+    assert len(rows) == 2 * 2 * 4 and all(r["status"] == "ok" for r in rows)
+    r0 = next(r for r in rows if r["method"] == "memagent" and r["sample_id"] == "s0" and r["length"] == 200)
+    assert r0["answer"] == "Paris" and r0["extraction"] == "boxed" and r0["scores"] == {
+        "sub_em": 1.0, "exact_match": 1.0, "f1": 1.0, "strict_boxed": 1.0}
+    assert r0["turns"] == 1 + math.ceil(len(read_sample_context(cfg, 200, "s0").encode()) / 200)
+    assert r0["trace"] == "traces/memagent/toy_200.jsonl" and (tmp_path / "run" / r0["trace"]).is_file()
+    r1 = next(r for r in rows if r["method"] == "direct" and r["sample_id"] == "s1")
+    assert r1["answer"] == "Rome" and r1["scores"]["sub_em"] == 1.0 and r1["scores"]["strict_boxed"] == 0.0
+    for c in summarize(rows):
+        assert (c.n, c.n_error, c.n_empty) == (4, 0, 1)
+        assert c.mean == 0.5 and c.stderr == pytest.approx(math.sqrt((1 / 3) / 4))  # scores 1,1,0,0
+        assert c.means["strict_boxed"] == 0.25
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["backend"] == "scripted" and manifest["tokenizer"] == "bytes"
+    assert set(manifest["prompt_hashes"]) == {"memagent", "direct"} and len(manifest["prompt_hashes"]["direct"]) == 12
+    assert manifest["config"]["tasks"][0]["lengths"] == [100, 200] and "package_version" in manifest
+
+
+def read_sample_context(cfg, length, sid):
+    from memagent.data.io import read_samples
+
+    return next(s.context for s in read_samples(cfg.tasks[0].files[length]) if s.id == sid)
+
+
+def test_failed_requests_become_counted_error_rows(tmp_path):
+    cfg = _config(tmp_path)
+    backend = ScriptedBackend(responder=responder, fail=lambda r: r.request_id.startswith("s1/"))
+    rows = read_results(EvalRunner(cfg, backend=backend).run())
+    assert len(rows) == 16
+    errors = [r for r in rows if r["status"] == "error"]
+    assert len(errors) == 4 and {r["sample_id"] for r in errors} == {"s1"}
+    assert all("scripted failure" in r["error"] and r["score"] == 0.0 for r in errors)
+    for c in summarize(rows):
+        assert (c.n, c.n_error, c.n_empty) == (4, 1, 1)
+        assert c.mean == 0.25 and c.mean_ok == pytest.approx(1 / 3)
+
+
+class Killed(BaseException):
+    """Stands in for SIGKILL: not an Exception, so nothing in the runner can swallow it."""
+
+
+def test_resume_after_kill_gives_same_summary(tmp_path):
+    full = read_results(EvalRunner(_config(tmp_path, out="full"), backend=ScriptedBackend(responder=responder)).run())
+
+    calls = {"n": 0}
+
+    def dying(req):
+        calls["n"] += 1
+        if calls["n"] > 9:
+            raise Killed()
+        return responder(req)
+
+    cfg = _config(tmp_path, out="killed")
+    with pytest.raises(Killed):
+        EvalRunner(cfg, backend=ScriptedBackend(responder=dying)).run()
+    results = tmp_path / "killed" / "results.jsonl"
+    partial = results.read_text().splitlines()
+    assert 0 < len(partial) < 16
+    with open(results, "a") as f:  # a row torn by the kill
+        f.write('{"method": "direct", "task": "toy", "len')
+    second = ScriptedBackend(responder=responder)
+    rows = read_results(EvalRunner(cfg, backend=second).run())
+    lines = results.read_text().splitlines()
+    assert len(lines) == 16 and len({(json.loads(x)["method"], json.loads(x)["length"], json.loads(x)["sample_id"]) for x in lines}) == 16
+    assert [json.loads(x) for x in lines[: len(partial)]] == [json.loads(x) for x in partial]  # old rows kept
+    done_before = {(json.loads(x)["method"], json.loads(x)["length"], json.loads(x)["sample_id"]) for x in partial}
+    rerun = {r.request_id.split("/")[0] for batch in second.calls for r in batch}
+    assert rerun  # something was left to do ...
+    strip = lambda cs: [(c.method, c.task, c.length, c.n, c.n_error, c.n_empty, c.mean, c.stderr) for c in cs]  # noqa: E731
+    assert strip(summarize(rows)) == strip(summarize(full))  # ... and the result is as if never killed
+    assert len(done_before) == len(partial)
+
+
+def test_retry_errors_supersedes_error_rows(tmp_path):
+    cfg = _config(tmp_path)
+    EvalRunner(cfg, backend=ScriptedBackend(responder=responder, fail=lambda r: r.request_id.startswith("s1/"))).run()
+    again = ScriptedBackend(responder=responder)
+    rows = read_results(EvalRunner(cfg, backend=again).run())
+    assert sum(r["status"] == "error" for r in rows) == 4 and not again.calls  # plain resume skips error rows
+    rows = read_results(EvalRunner(cfg, backend=again, retry_errors=True).run())
+    assert sum(r["status"] == "error" for r in rows) == 0 and len(rows) == 16
+    assert all(c.mean == 0.5 for c in summarize(rows))
+
+
+def test_changed_method_settings_refuse_to_mix(tmp_path):
+    EvalRunner(_config(tmp_path), backend=ScriptedBackend(responder=responder)).run()
+    cfg2 = _config(tmp_path, seed=7)
+    with pytest.raises(ConfigError, match="other settings"):
+        EvalRunner(cfg2, backend=ScriptedBackend(responder=responder)).run()
+
+
+def test_direct_center_truncates_document(tmp_path):
+    doc = "HEAD " + "x" * 5000 + " TAIL"
+    path = tmp_path / "long.jsonl"
+    write_samples(path, [Sample("s0", "Q?", doc, ("zeta",))])
+    cfg = EvalConfig.from_dict({
+        "output": str(tmp_path / "d"), "backend": {"name": "scripted"},
+        "methods": [{"name": "direct", "kind": "direct", "max_input_tokens": 1000, "max_new_tokens": 16}],
+        "tasks": [{"name": "long", "lengths": [1], "samples": 1, "files": {1: str(path)}}],
+    })
+    backend = ScriptedBackend(replies=["\\boxed{Zeta}"])
+    (row,) = read_results(EvalRunner(cfg, backend=backend).run())
+    (req,) = backend.calls[0]
+    prompt = req.messages[0].content
+    assert len(prompt.encode()) <= 1000 and "HEAD" in prompt and "TAIL" in prompt and "Q?" in prompt
+    from memagent.eval.runner import DIRECT_TEMPLATE
+
+    fixed = len(DIRECT_TEMPLATE.format(document="", question="Q?").encode())  # scripted backend counts bytes
+    assert row["document_tokens"] == 1000 - fixed - 2 and len(prompt.encode()) == 998
+    assert row["document_tokens"] < len(doc) and row["context_tokens"] is None and row["score"] == 1.0
+
+
+def test_budget_failure_is_an_error_row(tmp_path):
+    path = tmp_path / "q.jsonl"
+    write_samples(path, [Sample("ok", "Q?", "doc", ("a",)), Sample("long", "Q" * 9000, "doc", ("a",))])
+    cfg = EvalConfig.from_dict({
+        "output": str(tmp_path / "b"), "backend": {"name": "scripted", "context_tokens": 4096},
+        "methods": [{"name": "m", "chunk_tokens": 500, "memory_tokens": 64, "final_tokens": 64}],
+        "tasks": [{"name": "t", "lengths": [1], "samples": 2, "files": {1: str(path)}}],
+    })
+    rows = {r["sample_id"]: r for r in read_results(EvalRunner(cfg, backend=ScriptedBackend(context_tokens=4096)).run())}
+    assert rows["ok"]["status"] == "ok" and rows["long"]["status"] == "error" and "context window" in rows["long"]["error"]
+
+
+def test_result_writer_repairs_torn_tail(tmp_path):
+    p = tmp_path / "results.jsonl"
+    good = {"method": "m", "task": "t", "length": 1, "sample_id": "a", "status": "ok"}
+    p.write_text(json.dumps(good) + "\n" + '{"method": "m", "ta')
+    w = ResultWriter(p)
+    assert w.done == {("m", "t", 1, "a"): "ok"}
+    w.write(dict(good, sample_id="b"))
+    w.close()
+    assert [json.loads(x)["sample_id"] for x in p.read_text().splitlines()] == ["a", "b"]
+
+
+def test_grid_errors_and_shipped_configs():
+    with pytest.raises(ConfigError, match="did you mean 'chunk_tokens'"):
+        EvalConfig.from_dict({"methods": [{"name": "m", "chunk_token": 5}], "tasks": [{"name": "t", "lengths": [1]}]})
+    with pytest.raises(ConfigError, match="did you mean 'tasks'"):
+        EvalConfig.from_dict({"methods": [{"name": "m"}], "task": []})
+    with pytest.raises(ConfigError, match="at least one method"):
+        EvalConfig.from_dict({"methods": [], "tasks": [{"name": "t", "lengths": [1]}]})
+    from pathlib import Path
+
+    configs = sorted((Path(__file__).resolve().parents[2] / "configs").glob("eval_*.yaml"))
+    assert configs
+    for c in configs:
+        cfg = EvalConfig.from_yaml(c)
+        assert cfg.methods and cfg.tasks
