@@ -13,6 +13,16 @@ from memagent.train.tiny import make_tiny_model, make_tiny_tokenizer  # noqa: E4
 from memagent.train.update import LossSettings, mini_batch_backward  # noqa: E402
 
 
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models run far faster on one thread, especially on a shared, busy CPU."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="module")
 def tiny():
     tok = make_tiny_tokenizer()

@@ -22,8 +22,12 @@ _CORPUS = [
 ]
 
 
-def make_tiny_tokenizer(vocab_size: int = 320) -> Any:
-    """A byte-level BPE ``PreTrainedTokenizerFast`` (exact round trip of any text) with a chat template."""
+def make_tiny_tokenizer(vocab_size: int = 1024) -> Any:
+    """A byte-level BPE ``PreTrainedTokenizerFast`` (exact round trip of any text) with a chat template.
+
+    It is trained on a few sentences and the default prompt templates, so prompts stay short in tokens.
+    """
+    from memagent.agent.prompts import DEFAULT_TEMPLATES
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -34,7 +38,8 @@ def make_tiny_tokenizer(vocab_size: int = 320) -> Any:
         vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    raw.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    corpus = _CORPUS + [DEFAULT_TEMPLATES.update, DEFAULT_TEMPLATES.final, DEFAULT_TEMPLATES.no_memory]
+    raw.train_from_iterator(corpus * 4, trainer=trainer)
     tok = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<|im_end|>", pad_token="<pad>")
     tok.chat_template = CHAT_TEMPLATE
     return tok

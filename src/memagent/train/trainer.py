@@ -1,0 +1,410 @@
+"""The training loop: rollout -> reward -> advantage -> loss -> optimizer step, with checkpoints.
+
+One training step: take ``prompts_per_step`` questions (in data order), sample ``group_size`` MemAgent
+trajectories for each with the current policy (:mod:`memagent.train.rollout`), score the final answers with
+the strict verifier, compute group advantages per trajectory and broadcast them to every conversation
+(:mod:`memagent.rl`), compute old-policy and reference log-probabilities of every row, then make
+``mini_batches`` optimizer steps over whole-trajectory mini-batches (gradient accumulation over
+micro-batches, :mod:`memagent.train.update`). The learning-rate schedule advances once per training step.
+
+Source: reference-memagent.md §4.1 (hyperparameters), §4.7 (step), §4.8 (update), §4.10 (objective).
+"""
+
+from __future__ import annotations
+
+import copy
+import glob
+import json
+import math
+import os
+import random
+import time
+import zlib
+from typing import Any
+
+import torch
+
+from memagent.errors import ConfigError
+from memagent.rl.advantages import group_advantages
+from memagent.rl.multiconv import broadcast_advantages, check_rows
+from memagent.train.batching import TokenLogProbs, row_logprobs, split_trajectories
+from memagent.train.config import TrainConfig, config_to_dict
+from memagent.train.distributed import DistInfo, all_reduce_sum, barrier, wrap_ddp
+from memagent.train.rollout import collect_rollouts
+from memagent.train.update import LossSettings, mini_batch_backward
+
+
+def load_policy(cfg: TrainConfig) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` for ``cfg.model.path`` (``tiny``, ``smollm2``, HF directory or ``.gguf``)."""
+    from memagent.backends.hf import load_hf_model
+
+    path = cfg.model.path
+    if path == "tiny":
+        from memagent.train.tiny import make_tiny_model, make_tiny_tokenizer
+
+        tok = make_tiny_tokenizer()
+        model = make_tiny_model(tok, seed=cfg.run.seed)
+        return model.to(torch.float32 if cfg.model.dtype == "float32" else torch.bfloat16), tok
+    if path == "smollm2":
+        from memagent.backends.models import smollm2_gguf_path
+
+        path = smollm2_gguf_path()
+    return load_hf_model(path, cfg.model.dtype)
+
+
+def lr_lambda(warmup_steps: int, total_steps: int, schedule: str):
+    """Multiplier of the base learning rate at training step ``k`` (0-based): linear warmup over
+    ``warmup_steps``, then constant or cosine decay to 0 at ``total_steps``."""
+
+    def f(k: int) -> float:
+        if warmup_steps and k < warmup_steps:
+            return (k + 1) / warmup_steps
+        if schedule == "cosine":
+            span = max(1, total_steps - warmup_steps)
+            return 0.5 * (1 + math.cos(math.pi * min(1.0, (k - warmup_steps) / span)))
+        return 1.0
+
+    return f
+
+
+class Trainer:
+    """Multi-conversation GRPO trainer (see module docstring).
+
+    Args:
+        cfg: the training configuration.
+        dist_info: process placement (default: single process).
+        train_samples, val_samples: override the configured data (tests); ``val_samples`` maps a length
+            multiplier to its questions.
+        reward_fn: override the configured reward ``(response, answers) -> float`` (tests).
+
+    Raises:
+        ConfigError: inconsistent settings (e.g. prompts per step not divisible by the world size).
+    """
+
+    def __init__(self, cfg: TrainConfig, dist_info: DistInfo | None = None, train_samples=None, val_samples=None,
+                 reward_fn=None):
+        from memagent.backends.hf import HFBackend
+
+        self.cfg = cfg
+        self.dist = dist_info or DistInfo()
+        if cfg.rl.prompts_per_step % self.dist.world_size:
+            raise ConfigError(f"rl.prompts_per_step ({cfg.rl.prompts_per_step}) must be divisible by the "
+                              f"number of processes ({self.dist.world_size})")
+        local_trajs = cfg.rl.prompts_per_step // self.dist.world_size * cfg.rl.group_size
+        if cfg.rl.mini_batches > local_trajs:
+            raise ConfigError(f"rl.mini_batches ({cfg.rl.mini_batches}) exceeds the {local_trajs} trajectories "
+                              "each process has per step")
+        if cfg.run.torch_threads:
+            torch.set_num_threads(cfg.run.torch_threads)
+        _seed_everything(cfg.run.seed)
+        self.policy, self.hf_tokenizer = load_policy(cfg)
+        self.policy.to(self.dist.device)
+        if cfg.model.gradient_checkpointing:
+            self.policy.gradient_checkpointing_enable()
+        self.policy.train()
+        self.reference = None
+        if cfg.rl.kl_coef > 0:
+            self.reference = copy.deepcopy(self.policy).eval().requires_grad_(False)
+        self.scorer = TokenLogProbs(self.policy, cfg.model.logprob_chunk_tokens)
+        self.ref_scorer = TokenLogProbs(self.reference, cfg.model.logprob_chunk_tokens) if self.reference else None
+        self.ddp = wrap_ddp(self.scorer, self.dist)
+        o = cfg.optim
+        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(o.warmup_steps, cfg.run.total_steps, o.schedule)
+        )
+        self.backend = HFBackend(self.policy, self.hf_tokenizer, max_batch_size=cfg.agent.batch_size, seed=cfg.run.seed)
+        self.pad_id = self.backend.pad_id
+        self.templates = _templates(cfg.agent.templates)
+        self.train_samples = train_samples if train_samples is not None else _train_data(cfg)
+        self.val_samples = val_samples if val_samples is not None else _val_data(cfg)
+        self.reward_fn = reward_fn or _reward_fn(cfg.rl.reward)
+        self.settings = LossSettings(
+            cfg.rl.clip_low, cfg.rl.clip_high, cfg.rl.dual_clip, cfg.rl.kl_coef, cfg.rl.kl_type,
+            cfg.rl.entropy_coef, cfg.rl.agg_mode, cfg.rl.horizon_tokens, cfg.rl.mask_final,
+        )
+        self.step = 0
+        self.skipped_updates = 0
+        self.out_dir = cfg.run.output_dir
+        self.ckpt_dir = os.path.join(self.out_dir, "checkpoints")
+        if cfg.run.resume:
+            self.load_latest()
+        self._writer = None
+
+    # ------------------------------------------------------------------------------------------ agent
+    def agent(self, temperature: float, top_p: float, seed: int | None):
+        """A :class:`MemoryAgent` on the current policy, built like ``memagent run`` builds its agent."""
+        from memagent.agent.loop import AgentConfig, MemoryAgent
+
+        a = self.cfg.agent
+        conf = AgentConfig(chunk_tokens=a.chunk_tokens, memory_tokens=a.memory_tokens, final_tokens=a.final_tokens,
+                           max_context_tokens=a.max_context_tokens, temperature=temperature, top_p=top_p,
+                           seed=seed, batch_size=a.batch_size, strict=True)
+        return MemoryAgent(self.backend, conf, self.templates)
+
+    def step_samples(self, step: int) -> tuple[list, int]:
+        """This process's questions for ``step`` and the global index of its first one.
+
+        Questions are taken in data order (reshuffled per epoch when ``data.shuffle``); process ``r`` of
+        ``W`` takes the ``r``-th contiguous block of ``prompts_per_step / W``.
+        """
+        n, per = len(self.train_samples), self.cfg.rl.prompts_per_step
+        local = per // self.dist.world_size
+        first = step * per + self.dist.rank * local
+        out = []
+        for g in range(first, first + local):
+            epoch, pos = divmod(g, n)
+            order = list(range(n))
+            if self.cfg.data.shuffle:
+                random.Random(f"{self.cfg.run.seed}/epoch{epoch}").shuffle(order)
+            out.append(self.train_samples[order[pos]])
+        return out, first
+
+    # ------------------------------------------------------------------------------------------- step
+    def train_step(self) -> dict[str, float]:
+        """Run one training step and return its metrics (this process's view, rewards summed over ranks)."""
+        cfg, step = self.cfg, self.step
+        samples, first = self.step_samples(step)
+        seed = zlib.crc32(f"{cfg.run.seed}/step{step}".encode()) & 0x7FFFFFFF
+        agent = self.agent(cfg.agent.temperature, cfg.agent.top_p, seed)
+        ro = collect_rollouts(agent, samples, cfg.rl.group_size, self.reward_fn)
+        rows = list(ro.rows)
+        rewards = torch.tensor(ro.rewards, dtype=torch.float32)
+        groups = torch.tensor(ro.group_ids) + first
+        traj_adv, adv_metrics = group_advantages(rewards, groups, cfg.rl.normalize_std, singleton=cfg.rl.singleton)
+        row_traj = torch.tensor([r.traj_index for r in rows])
+        check_rows(row_traj, torch.tensor([r.is_final for r in rows]), len(ro.rewards))
+        row_adv = broadcast_advantages(traj_adv, row_traj)
+        t_up = time.perf_counter()
+        budget = cfg.optim.micro_batch_tokens
+        old, ent = row_logprobs(self.scorer, rows, self.pad_id, budget, with_entropy=True)
+        ref = row_logprobs(self.ref_scorer, rows, self.pad_id, budget)[0] if self.ref_scorer else None
+        sums: dict[str, float] = {}
+        norms = []
+        for part in split_trajectories(row_traj.tolist(), cfg.rl.mini_batches):
+            self.optimizer.zero_grad(set_to_none=True)
+            m = mini_batch_backward(
+                self.ddp, [rows[i] for i in part], row_adv[part], [old[i] for i in part],
+                [ref[i] for i in part] if ref is not None else None, self.settings, self.pad_id, budget,
+                all_reduce_sum if self.dist.enabled else None, self.dist.world_size,
+            )
+            norm = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.optim.grad_clip))
+            norms.append(norm)
+            if math.isfinite(norm):
+                self.optimizer.step()
+            else:
+                self.skipped_updates += 1
+                self.optimizer.zero_grad(set_to_none=True)
+            for k, v in m.items():
+                sums[k] = sums.get(k, 0.0) + v
+        lr = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        self.step += 1
+        update_s = time.perf_counter() - t_up
+        return self._step_metrics(ro, rewards, groups, row_traj, ent, adv_metrics, sums, norms, lr, update_s)
+
+    def _step_metrics(self, ro, rewards, groups, row_traj, ent, adv_metrics, sums, norms, lr, update_s):
+        nb = max(1, self.cfg.rl.mini_batches)
+        conv = torch.bincount(row_traj, minlength=len(ro.rewards)).float()
+        group_best = torch.zeros(int(groups.max()) + 1).scatter_reduce_(0, groups, rewards, "amax", include_self=False)
+        red = all_reduce_sum(torch.tensor([
+            float(rewards.sum()), float((rewards >= 1).sum()), float(len(rewards)), float(conv.sum()),
+            float(ro.response_tokens), float((group_best[torch.unique(groups)] >= 1).sum()),
+            float(torch.unique(groups).numel()),
+        ], dtype=torch.float64))
+        ent_tokens = sum(len(e) for e in ent)
+        m = {
+            "step": self.step, "lr": lr,
+            "reward/mean": float(red[0] / red[2]), "reward/accuracy": float(red[1] / red[2]),
+            "reward/group_pass": float(red[5] / red[6]),
+            "conv/per_traj_mean": float(red[3] / red[2]), "conv/per_traj_min": float(conv.min()),
+            "conv/per_traj_max": float(conv.max()),
+            "response_tokens/mean": float(red[4] / red[3]),
+            "entropy/mean": float(sum(float(e.sum()) for e in ent) / max(1, ent_tokens)),
+            "grad_norm": float(sum(norms) / len(norms)), "skipped_updates": self.skipped_updates,
+            "time/rollout_s": ro.seconds, "time/update_s": update_s,
+            "tokens/rollout_per_s": ro.response_tokens / max(ro.seconds, 1e-9),
+            "tokens/update_per_s": sum(r.num_tokens for r in ro.rows) / max(update_s, 1e-9),
+        }
+        m.update({k: float(v) for k, v in adv_metrics.items()})
+        for k in ("loss", "pg/loss", "kl/mean"):
+            if k in sums:
+                m[k] = sums[k] / nb
+        for k in ("pg/clip_frac", "pg/dual_clip_frac", "pg/ratio_mean", "pg/approx_kl"):
+            if k in sums:
+                m[k] = sums[k] / nb
+        return m
+
+    # ------------------------------------------------------------------------------------- validation
+    def validate(self) -> dict[str, float]:
+        """Greedy (by default) answers on the validation questions, at each configured length multiplier.
+
+        Returns ``val/x{m}/reward`` (strict boxed reward), ``val/x{m}/sub_em`` (lenient, on the extracted
+        answer) and ``val/x{m}/boxed`` (fraction of answers in a box) per multiplier ``m``.
+        """
+        from memagent.verifiers import sub_em
+
+        a = self.cfg.agent
+        out: dict[str, float] = {}
+        for mult, samples in self.val_samples.items():
+            if not samples:
+                continue
+            trajs = self.agent(a.val_temperature, a.val_top_p, self.cfg.run.seed).run(samples)
+            n = len(samples)
+            out[f"val/x{mult}/reward"] = sum(self.reward_fn(t.response, s.answers) for s, t in zip(samples, trajs)) / n
+            out[f"val/x{mult}/sub_em"] = sum(sub_em(t.answer, s.answers) for s, t in zip(samples, trajs)) / n
+            out[f"val/x{mult}/boxed"] = sum(t.extraction == "boxed" for t in trajs) / n
+        return out
+
+    # ------------------------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self) -> str | None:
+        """Write model, optimizer, scheduler, RNG states and data position (main process only)."""
+        path = os.path.join(self.ckpt_dir, f"step_{self.step:06d}.pt")
+        if self.dist.is_main:
+            os.makedirs(self.ckpt_dir, exist_ok=True)
+            state = {
+                "step": self.step, "data_position": self.step * self.cfg.rl.prompts_per_step,
+                "skipped_updates": self.skipped_updates,
+                "model": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "rng": _rng_state(),
+                "config": config_to_dict(self.cfg),
+            }
+            tmp = path + ".tmp"
+            torch.save(state, tmp)
+            os.replace(tmp, path)
+            for old in sorted(glob.glob(os.path.join(self.ckpt_dir, "step_*.pt")))[: -self.cfg.run.keep_checkpoints]:
+                os.remove(old)
+        barrier()
+        return path
+
+    def load_latest(self) -> bool:
+        """Resume from the newest checkpoint in ``output_dir`` if any; returns whether one was loaded."""
+        found = sorted(glob.glob(os.path.join(self.ckpt_dir, "step_*.pt")))
+        if not found:
+            return False
+        state = torch.load(found[-1], map_location=self.dist.device, weights_only=False)
+        self.policy.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        _set_rng_state(state["rng"])
+        self.step = int(state["step"])
+        self.skipped_updates = int(state.get("skipped_updates", 0))
+        return True
+
+    # ------------------------------------------------------------------------------------------- loop
+    def log(self, metrics: dict[str, Any]) -> None:
+        """Append one JSON line to ``metrics.jsonl`` and write TensorBoard scalars (main process)."""
+        if not self.dist.is_main:
+            return
+        os.makedirs(self.out_dir, exist_ok=True)
+        with open(os.path.join(self.out_dir, "metrics.jsonl"), "a", encoding="utf-8") as f:
+            f.write(json.dumps(metrics) + "\n")
+        if self.cfg.run.tensorboard:
+            if self._writer is None:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._writer = SummaryWriter(os.path.join(self.out_dir, "tb"))
+            for k, v in metrics.items():
+                if isinstance(v, (int, float)) and k != "step":
+                    self._writer.add_scalar(k, v, int(metrics.get("step", self.step)))
+            self._writer.flush()
+
+    def fit(self) -> dict[str, float]:
+        """Train to ``run.total_steps`` (from the resumed step), validating and checkpointing on schedule.
+
+        Returns:
+            the last step's metrics.
+        """
+        r = self.cfg.run
+        if self.dist.is_main:
+            os.makedirs(self.out_dir, exist_ok=True)
+            with open(os.path.join(self.out_dir, "config.json"), "w", encoding="utf-8") as f:
+                json.dump(config_to_dict(self.cfg), f, indent=1)
+        if self.step == 0 and r.val_before_train and r.val_every and self.dist.is_main:
+            self.log({"step": 0, **self.validate()})
+        barrier()
+        last: dict[str, float] = {}
+        while self.step < r.total_steps:
+            last = self.train_step()
+            if r.val_every and self.step % r.val_every == 0 and self.dist.is_main:
+                last.update(self.validate())
+            self.log(last)
+            if (r.save_every and self.step % r.save_every == 0) or self.step == r.total_steps or self.step == r.stop_after_step:
+                self.save_checkpoint()
+            if r.stop_after_step is not None and self.step >= r.stop_after_step:
+                break
+        if self.step >= r.total_steps and self.dist.is_main:
+            self.policy.save_pretrained(os.path.join(self.out_dir, "policy"))
+            self.hf_tokenizer.save_pretrained(os.path.join(self.out_dir, "policy"))
+        if self._writer is not None:
+            self._writer.close()
+        return last
+
+
+def _seed_everything(seed: int) -> None:
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def _rng_state() -> dict[str, Any]:
+    import numpy as np
+
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    import numpy as np
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def _templates(path: str | None):
+    from memagent.agent.prompts import DEFAULT_TEMPLATES, PromptTemplates
+
+    return PromptTemplates.from_file(path) if path else DEFAULT_TEMPLATES
+
+
+def _reward_fn(name: str):
+    from memagent import verifiers
+
+    return {"strict_boxed": verifiers.strict_boxed_reward,
+            "strict_boxed_reference": verifiers.strict_boxed_reward_reference}[name]
+
+
+def _resolve(path: str) -> str:
+    if os.path.exists(path):
+        return path
+    from memagent.data.paths import data_file
+
+    return os.fspath(data_file(path))
+
+
+def _train_data(cfg: TrainConfig) -> list:
+    d = cfg.data
+    if d.train_path:
+        from memagent.data.io import read_samples
+
+        return read_samples(_resolve(d.train_path))
+    from memagent.train.synthetic import needle_samples
+
+    return needle_samples(d.synthetic_train_size, d.synthetic_context_words, cfg.run.seed, "train")
+
+
+def _val_data(cfg: TrainConfig) -> dict[int, list]:
+    d = cfg.data
+    if d.val_path:
+        from memagent.data.io import read_samples
+
+        return {1: read_samples(_resolve(d.val_path), limit=d.val_size)}
+    if d.synthetic is None:
+        return {}
+    from memagent.train.synthetic import needle_samples
+
+    n = min(d.synthetic_val_size, d.val_size)
+    return {m: needle_samples(n, d.synthetic_context_words * m, cfg.run.seed + 1, f"val{m}x")
+            for m in d.val_context_multipliers}

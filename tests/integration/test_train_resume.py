@@ -1,0 +1,71 @@
+"""A 2-step run on a tiny random model checkpoints, is stopped after step 1, resumes, and ends with the same
+parameters as an uninterrupted run."""
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from memagent.train.config import load_config  # noqa: E402
+from memagent.train.synthetic import needle_samples  # noqa: E402
+from memagent.train.trainer import Trainer  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models run far faster on one thread, especially on a shared, busy CPU."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+TRAIN = needle_samples(4, 12, seed=0, prefix="t")
+VAL = {1: needle_samples(1, 12, seed=1, prefix="v")}
+
+
+def parity_reward(response, answers):
+    return float(len(response) % 2)  # a varied reward so the policy gradient is not zero
+
+
+def _cfg(out, *extra):
+    return load_config("configs/train_cpu_small.yaml", [
+        f"run.output_dir={out}", "run.total_steps=2", "run.save_every=1", "run.val_every=0",
+        "run.val_before_train=false", "run.tensorboard=true", "rl.group_size=2", "rl.prompts_per_step=2",
+        "rl.mini_batches=2", "agent.chunk_tokens=48", "agent.memory_tokens=6", "agent.final_tokens=6",
+        "optim.lr=1e-2", "optim.warmup_steps=1", "optim.micro_batch_tokens=300", *extra,
+    ])
+
+
+def _params(trainer):
+    return {k: v.detach().clone() for k, v in trainer.policy.state_dict().items()}
+
+
+def _run(out, *extra):
+    t = Trainer(_cfg(out, *extra), train_samples=TRAIN, val_samples=VAL, reward_fn=parity_reward)
+    t.fit()
+    return t
+
+
+def test_kill_and_resume_matches_uninterrupted(tmp_path):
+    full = _run(tmp_path / "full")
+    first = _run(tmp_path / "cut", "run.stop_after_step=1")
+    assert first.step == 1
+    resumed = _run(tmp_path / "cut")
+    assert resumed.step == 2
+    init = Trainer(_cfg(tmp_path / "init", "run.resume=false"), train_samples=TRAIN, val_samples=VAL)
+    a, b, c = _params(full), _params(resumed), _params(init)
+    assert any(not torch.equal(a[k], c[k]) for k in a)  # training changed the weights
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=0)
+    assert resumed.optimizer.state_dict()["state"].keys() == full.optimizer.state_dict()["state"].keys()
+    assert resumed.scheduler.get_last_lr() == full.scheduler.get_last_lr()
+    lines = [json.loads(x) for x in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [1, 2]
+    want = [json.loads(x) for x in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["reward/mean"] for m in lines] == [m["reward/mean"] for m in want]
+    assert lines[0]["lr"] == pytest.approx(1e-2) and "pg/clip_frac" in lines[0] and "kl/mean" in lines[0]
+    assert (tmp_path / "full" / "policy" / "config.json").exists()
+    assert list((tmp_path / "full" / "tb").iterdir())
