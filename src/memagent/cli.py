@@ -181,8 +181,8 @@ def demo(
     target_tokens: int = typer.Option(30000, "--target-tokens", help="document length in tokens (gold paragraphs hidden among distractors)"),
     backend: str = BACKEND, model: Optional[str] = MODEL, base_url: Optional[str] = BASE_URL,
     api_key_env: str = API_KEY_ENV, tokenizer: Optional[str] = TOKENIZER, n_ctx: int = N_CTX,
-    chunk_tokens: int = CHUNK, memory_tokens: int = typer.Option(512, "--memory-tokens", help="memory cap in tokens"),
-    final_tokens: int = typer.Option(256, "--final-tokens"), seed: int = SEED,
+    chunk_tokens: int = CHUNK, memory_tokens: int = typer.Option(256, "--memory-tokens", help="memory cap in tokens (small: a 135M model tends to repeat itself up to the cap)"),
+    final_tokens: int = typer.Option(128, "--final-tokens"), seed: int = SEED,
     trace: Optional[Path] = typer.Option(None, "--trace", help="write every turn as JSONL"),
 ):
     """Read a real HotpotQA question's paragraphs hidden in ~30K tokens of distractors; show memory and answer."""
