@@ -226,44 +226,27 @@ def ls():
     from memagent.backends import BACKENDS
 
     typer.echo("backends: " + ", ".join(BACKENDS.names()))
-    try:
-        from memagent.verifiers import VERIFIERS
+    from memagent.data.ruler import TASKS
+    from memagent.verifiers import VERIFIERS
 
-        typer.echo("verifiers: " + ", ".join(VERIFIERS.names()))
-    except ImportError:
-        pass
-    try:
-        from memagent.data.ruler import TASKS
-
-        typer.echo("ruler tasks: " + ", ".join(TASKS.names() if hasattr(TASKS, "names") else sorted(TASKS)))
-    except ImportError:
-        pass
+    typer.echo("verifiers: " + ", ".join(VERIFIERS.names()))
+    typer.echo("ruler tasks: " + ", ".join(TASKS.names() if hasattr(TASKS, "names") else sorted(TASKS)))
 
 
-def _mount_optional() -> None:
-    """Mount the data / eval / report / train commands from their own modules."""
-    try:
-        from memagent.data.cli import app as data_app
+def _mount_subcommands() -> None:
+    """Mount the data / eval / report / train commands from their own modules (each imports its heavy
+    dependencies inside the command, so `memagent run` never pays for torch)."""
+    from memagent.data.cli import app as data_app
+    from memagent.eval.cli import eval_command, report_command
+    from memagent.train.cli import train_command
 
-        app.add_typer(data_app, name="data", help="Build benchmark data (RULER-HotpotQA, RULER tasks).")
-    except ImportError:
-        pass
-    try:
-        from memagent.eval.cli import eval_command, report_command
-
-        app.command("eval")(eval_command)
-        app.command("report")(report_command)
-    except ImportError:
-        pass
-    try:
-        from memagent.train.cli import train_command
-
-        app.command("train", context_settings={"allow_extra_args": True})(train_command)
-    except ImportError:
-        pass
+    app.add_typer(data_app, name="data", help="Build benchmark data (RULER-HotpotQA, RULER tasks).")
+    app.command("eval")(eval_command)
+    app.command("report")(report_command)
+    app.command("train", context_settings={"allow_extra_args": True})(train_command)
 
 
-_mount_optional()
+_mount_subcommands()
 
 
 def main() -> None:
