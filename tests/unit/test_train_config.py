@@ -1,0 +1,46 @@
+import json
+
+import pytest
+
+from memagent.errors import ConfigError
+from memagent.train.config import TrainConfig, apply_overrides, config_to_dict, load_config
+
+
+def test_reference_preset_states_reference_values():
+    c = load_config("configs/train_reference_7b.yaml")
+    assert (c.agent.chunk_tokens, c.agent.memory_tokens, c.rl.group_size) == (5000, 1024, 16)
+    assert (c.rl.prompts_per_step, c.rl.mini_batches) == (128, 16)
+    assert (c.optim.lr, c.optim.warmup_steps, c.optim.schedule) == (1e-6, 20, "constant")
+    assert (c.rl.clip_low, c.rl.clip_high, c.rl.dual_clip) == (0.2, 0.2, 3.0)
+    assert (c.rl.kl_type, c.rl.kl_coef, c.rl.agg_mode, c.rl.normalize_std) == ("k3", 0.001, "token-mean", False)
+    assert (c.optim.grad_clip, c.optim.weight_decay, c.optim.betas) == (1.0, 0.01, (0.9, 0.999))
+
+
+def test_overrides_and_types():
+    c = load_config("configs/train_cpu_small.yaml", ["rl.group_size=8", "optim.lr=3e-5", "rl.dual_clip=null",
+                                                     "data.val_context_multipliers=[1, 2]"])
+    assert c.rl.group_size == 8 and c.optim.lr == 3e-5 and c.rl.dual_clip is None
+    assert c.data.val_context_multipliers == (1, 2)
+    assert isinstance(c, TrainConfig)
+    json.dumps(config_to_dict(c))
+    assert apply_overrides({"a": {"b": 1}}, ["a.c=x"]) == {"a": {"b": 1, "c": "x"}}
+
+
+@pytest.mark.parametrize("override, message", [
+    (["rl.grup_size=4"], "did you mean rl.group_size"),
+    (["rl.group_size=four"], "rl.group_size must be an integer"),
+    (["rl.agg_mode=mean"], "rl.agg_mode must be one of"),
+    (["model.dtype=float16"], "model.dtype must be one of"),
+    (["rl.dual_clip=0.5"], "dual_clip must be > 1"),
+    (["rl.mini_batches=100"], "must not exceed the trajectories per step"),
+    (["optim.lr"], "is not key=value"),
+    (["run.tensorboard=maybe"], "must be true or false"),
+])
+def test_bad_settings_are_named(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config("configs/train_cpu_small.yaml", override)
+
+
+def test_missing_file():
+    with pytest.raises(ConfigError, match="not found"):
+        load_config("configs/nope.yaml")
