@@ -326,8 +326,10 @@ class Trainer:
         last: dict[str, float] = {}
         while self.step < r.total_steps:
             last = self.train_step()
-            if r.val_every and self.step % r.val_every == 0 and self.dist.is_main:
-                last.update(self.validate())
+            if r.val_every and self.step % r.val_every == 0:
+                if self.dist.is_main:
+                    last.update(self.validate())
+                barrier()  # other ranks wait here, not inside the next step's collectives
             self.log(last)
             if (r.save_every and self.step % r.save_every == 0) or self.step == r.total_steps or self.step == r.stop_after_step:
                 self.save_checkpoint()
