@@ -162,7 +162,7 @@ class LlamaCppTokenizer:
     def __init__(self, llama, name: str = "gguf"):
         self._llama = llama
         self.name = name
-        self._piece_len: dict[int, int] = {}
+        self._pieces: dict[tuple[int, bool], bytes] = {}
 
     @classmethod
     def from_gguf(cls, path: str | os.PathLike) -> LlamaCppTokenizer:
@@ -178,22 +178,40 @@ class LlamaCppTokenizer:
             return []
         return list(self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=False))
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return self._llama.detokenize(list(ids), special=False).decode("utf-8", errors="replace")
+    def piece(self, token: int, special: bool = False) -> bytes:
+        """The exact bytes of one token.
 
-    def _lengths(self, ids: Sequence[int]) -> list[int]:
-        cache = self._piece_len
-        out = []
-        for t in ids:
-            n = cache.get(t)
-            if n is None:
-                n = cache[t] = len(self._llama.detokenize([t], special=False))
-            out.append(n)
-        return out
+        llama-cpp-python's own ``detokenize`` reads every piece through a 32-byte buffer and silently cuts
+        longer pieces (runs of spaces are single tokens in many vocabularies), so pieces are read here with
+        a buffer grown to the size llama.cpp asks for.
+        """
+        key = (int(token), special)
+        cached = self._pieces.get(key)
+        if cached is None:
+            import ctypes
+
+            import llama_cpp
+
+            size = 64
+            while True:
+                buf = ctypes.create_string_buffer(size)
+                n = llama_cpp.llama_token_to_piece(self._llama._model.vocab, int(token), buf, size, 0, special)
+                if n >= 0:
+                    break
+                size = -n
+            cached = self._pieces[key] = buf.raw[:n]
+        return cached
+
+    def decode_bytes(self, ids: Sequence[int], special: bool = False) -> bytes:
+        """The bytes of ``ids`` joined (may end inside a multi-byte character)."""
+        return b"".join(self.piece(t, special) for t in ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.decode_bytes(ids).decode("utf-8", errors="replace")
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[int]]:
         ids = self.encode(text)
-        return ids, char_boundaries_from_byte_lengths(text, self._lengths(ids))
+        return ids, char_boundaries_from_byte_lengths(text, [len(self.piece(t)) for t in ids])
 
 
 def load_tokenizer(spec: str) -> Tokenizer:

@@ -92,3 +92,12 @@ def test_center_truncate_keeps_head_and_tail():
 def test_chunk_tokens_must_be_positive():
     with pytest.raises(ConfigError, match="chunk_tokens"):
         chunk_text("abc", ByteTokenizer(), 0)
+
+
+def test_gguf_long_whitespace_pieces_are_not_cut(gguf_tokenizer):
+    # runs of spaces are single tokens longer than llama-cpp-python's 32-byte detokenize buffer
+    text = '"Yours ever,\n' + " " * 40 + '"A. W."\n' + "\t" * 70 + "end"
+    ids, bounds = gguf_tokenizer.encode_with_offsets(text)
+    assert max(len(gguf_tokenizer.piece(t)) for t in ids) > 32
+    assert gguf_tokenizer.decode(ids) == text
+    assert "".join(c.text for c in chunk_offsets(text, ids, bounds, 2)) == text
