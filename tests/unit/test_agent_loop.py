@@ -179,3 +179,39 @@ def test_config_validation():
         AgentConfig(top_p=0)
     with pytest.raises(ConfigError, match="tokenizer"):
         MemoryAgent(type("B", (), {"name": "x", "tokenizer": None})())
+
+
+def test_server_backends_run_one_chain_per_sample_with_bounded_concurrency():
+    import threading
+    import time
+
+    state = {"now": 0, "max": 0}
+    lock = threading.Lock()
+
+    def slow(req):
+        with lock:
+            state["now"] += 1
+            state["max"] = max(state["max"], state["now"])
+        time.sleep(0.02)
+        with lock:
+            state["now"] -= 1
+        return "\\boxed{" + req.request_id + "}"
+
+    b = ScriptedBackend(responder=slow, batched=False)
+    samples = [Sample(f"s{i}", "q", "x" * (4 * (i % 3 + 1))) for i in range(7)]
+    trajs = _agent(b, batch_size=3).run(samples)
+    assert all(len(call) == 1 for call in b.calls)
+    assert len(b.calls) == sum(i % 3 + 2 for i in range(7))  # chunks + final per sample
+    assert [t.sample_id for t in trajs] == [s.id for s in samples]
+    assert [t.answer for t in trajs] == [f"s{i}/final" for i in range(7)]
+    assert 1 < state["max"] <= 3
+    for s in samples:  # each sample's own calls stay in order
+        mine = [c[0].request_id for c in b.calls if c[0].request_id.startswith(s.id + "/")]
+        n = len(s.context) // 4
+        assert mine == [f"{s.id}/chunk{k}" for k in range(n)] + [f"{s.id}/final"]
+
+
+def test_server_backend_failures_are_recorded_per_sample():
+    b = ScriptedBackend(fail=lambda r: r.request_id == "b/chunk0", batched=False)
+    a, bb = _agent(b, batch_size=2).run([Sample("a", "q", "abcdefgh"), Sample("b", "q", "abcdefgh")])
+    assert a.ok and not bb.ok and bb.error.startswith("b/chunk0")

@@ -6,11 +6,18 @@ independent single-turn chat, so the prompt size is bounded by question + memory
 the document length, and time grows linearly with the number of chunks.
 
 Scheduling: calls for one sample are sequential by nature, so throughput comes from advancing many samples
-together. The loop keeps up to ``batch_size`` samples active; at each step every active sample contributes
-exactly one request (its next update, or its final turn once its document is exhausted), and the step's
-requests go to the backend as one ``generate`` call (one batch for in-process backends, bounded concurrent
-requests for servers). A finished sample leaves and the next waiting sample takes its place. The reference's
-training loop instead holds every sample's final turn until the longest document is read (doc section 4.4).
+together; up to ``batch_size`` samples are active at once, and a finished sample leaves while the next
+waiting sample takes its place.
+
+- In-process backends (``backend.batched``): lock step. At each step every active sample contributes exactly
+  one request (its next update, or its final turn once its document is exhausted), and the step's requests
+  go to the backend as one batched ``generate`` call.
+- Servers: every active sample runs its own chain of calls in a worker thread, so a slow request delays only
+  its own sample; the server sees up to ``batch_size`` requests in flight (the backend's own concurrency
+  bound applies too).
+
+The reference's training loop instead holds every sample's final turn until the longest document of the
+batch is read (doc section 4.4).
 
 Budgets are checked before any call: for every sample, template + question + memory cap + chunk + new
 tokens must fit the backend's context window, for the update and for the final call separately.
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 import zlib
 from collections import deque
@@ -252,44 +260,84 @@ class MemoryAgent:
         for s in samples:
             self.check_budget(s.question, s.id)
         bars = _Bars(len(samples)) if progress else None
-        waiting = deque(range(len(samples)))
-        active: list[tuple[int, _State]] = []
-        results: list[Trajectory | None] = [None] * len(samples)
+        run = self._run_lockstep if getattr(self.backend, "batched", True) else self._run_pipelined
         try:
-            while waiting or active:
-                while waiting and len(active) < self.config.batch_size:
-                    i = waiting.popleft()
-                    st = self._prepare(samples[i])
-                    active.append((i, st))
-                    if bars:
-                        bars.add_turns(len(st.chunks) + 1)
-                requests = [self._request(st) for _, st in active]
-                t0 = time.perf_counter()
-                comps = self.backend.generate(requests)
-                if len(comps) != len(requests):
-                    raise BackendError(f"{self.backend.name} returned {len(comps)} completions for {len(requests)} requests")
-                still = []
-                for (i, st), req, comp in zip(active, requests, comps):
-                    if not comp.seconds:
-                        comp = _with_seconds(comp, (time.perf_counter() - t0) / len(requests))
-                    turn = self._apply(st, req, comp)
-                    if on_turn:
-                        on_turn(st.sample, turn)
-                    if bars:
-                        bars.turn_done()
-                    if st.result is None:
-                        still.append((i, st))
-                        continue
-                    results[i] = st.result
-                    if bars:
-                        bars.sample_done(len(st.chunks) + 1 - len(st.turns))
-                    if on_result:
-                        on_result(st.sample, st.result)
-                active = still
+            return run(samples, on_result, on_turn, bars)
         finally:
             if bars:
                 bars.close()
+
+    def _step(self, st: _State, req: Request, comp: Completion, on_turn, bars) -> bool:
+        """Apply one completion; returns True when the sample is finished."""
+        turn = self._apply(st, req, comp)
+        if on_turn:
+            on_turn(st.sample, turn)
+        if bars:
+            bars.turn_done()
+            if st.result is not None:
+                bars.sample_done(len(st.chunks) + 1 - len(st.turns))
+        return st.result is not None
+
+    def _admit(self, sample: Sample, bars) -> _State:
+        st = self._prepare(sample)
+        if bars:
+            bars.add_turns(len(st.chunks) + 1)
+        return st
+
+    def _run_lockstep(self, samples, on_result, on_turn, bars) -> list[Trajectory]:
+        """In-process backends: one batched ``generate`` call per step over all active samples."""
+        waiting = deque(range(len(samples)))
+        active: list[tuple[int, _State]] = []
+        results: list[Trajectory | None] = [None] * len(samples)
+        while waiting or active:
+            while waiting and len(active) < self.config.batch_size:
+                i = waiting.popleft()
+                active.append((i, self._admit(samples[i], bars)))
+            requests = [self._request(st) for _, st in active]
+            comps = self._generate(requests)
+            still = []
+            for (i, st), req, comp in zip(active, requests, comps):
+                if not self._step(st, req, comp, on_turn, bars):
+                    still.append((i, st))
+                    continue
+                results[i] = st.result
+                if on_result:
+                    on_result(st.sample, st.result)
+            active = still
         return results  # type: ignore[return-value]
+
+    def _run_pipelined(self, samples, on_result, on_turn, bars) -> list[Trajectory]:
+        """Servers: each of up to ``batch_size`` samples runs its own chain of calls in a worker thread, so a
+        slow request holds back only its own sample (the server batches whatever is in flight)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        lock = threading.Lock()  # callbacks and progress bars are called one at a time
+
+        def one(sample: Sample) -> Trajectory:
+            st = self._admit(sample, None)
+            if bars:
+                with lock:
+                    bars.add_turns(len(st.chunks) + 1)
+            while True:
+                req = self._request(st)
+                (comp,) = self._generate([req])
+                with lock:
+                    done = self._step(st, req, comp, on_turn, bars)
+                    if done and on_result:
+                        on_result(st.sample, st.result)
+                if done:
+                    return st.result
+
+        with ThreadPoolExecutor(max_workers=self.config.batch_size) as pool:
+            return list(pool.map(one, samples))
+
+    def _generate(self, requests: list[Request]) -> list[Completion]:
+        t0 = time.perf_counter()
+        comps = self.backend.generate(requests)
+        if len(comps) != len(requests):
+            raise BackendError(f"{self.backend.name} returned {len(comps)} completions for {len(requests)} requests")
+        share = (time.perf_counter() - t0) / max(len(requests), 1)
+        return [c if c.seconds else _with_seconds(c, share) for c in comps]
 
     def answer(self, question: str, document: str, sample_id: str = "0", **kwargs) -> Trajectory:
         """Answer one question over one document (see :meth:`run` for keyword arguments)."""
