@@ -24,6 +24,7 @@ from typing import Any
 
 from memagent.data import paths
 from memagent.data.documents import DocumentPool, draw_documents, fit_documents, sample_rng
+from memagent.data.io import write_records, write_samples
 from memagent.data.schema import token_stats, write_manifest
 from memagent.errors import DataError
 from memagent.tokenization import Tokenizer
@@ -198,8 +199,6 @@ def build_hotpotqa(
     out.mkdir(parents=True, exist_ok=True)
     written = []
     sizes = [("docs", n) for n in num_docs] + [("tok", t) for t in target_tokens]
-    from memagent.data.io import write_records, write_samples
-
     for kind, size in sizes:
         kw = {"num_docs": size} if kind == "docs" else {"target_tokens": size}
         samples = [build_sample(r, pool, tokenizer, seed, allow_reuse=allow_reuse, **kw) for r in chosen]
