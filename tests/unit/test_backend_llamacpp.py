@@ -11,8 +11,6 @@ from memagent.backends import models
 from memagent.errors import ConfigError
 from memagent.types import Message, Request
 
-pytest.importorskip("llama_cpp")
-
 N_CTX = 512
 IM_START, IM_END = 1, 2  # SmolLM2's ChatML control tokens (<|im_start|> is also its BOS, <|im_end|> its EOS)
 
@@ -26,6 +24,7 @@ def _gguf_or_skip() -> str:
 
 @pytest.fixture(scope="module")
 def backend():
+    pytest.importorskip("llama_cpp")
     from memagent.backends.llamacpp import LlamaCppBackend
 
     b = LlamaCppBackend(_gguf_or_skip(), n_ctx=N_CTX)
@@ -53,6 +52,7 @@ def test_smollm2_gguf_path_missing_package_says_how_to_install(monkeypatch):
 
 
 def test_missing_gguf_file_is_a_config_error(tmp_path):
+    pytest.importorskip("llama_cpp")
     from memagent.backends.llamacpp import LlamaCppBackend
 
     with pytest.raises(ConfigError, match="GGUF model file not found"):

@@ -74,7 +74,9 @@ class LlamaCppBackend:
             from llama_cpp import Llama, llama_vocab_is_eog
             from llama_cpp.llama_chat_format import Jinja2ChatFormatter
         except ImportError as e:
-            raise ConfigError(f"the llamacpp backend needs llama-cpp-python ({e}); pip install 'memagent[llamacpp]'") from e
+            raise ConfigError(
+                f"the llamacpp backend needs llama-cpp-python ({e}); pip install 'memagent[llamacpp]'"
+            ) from e
         path = os.fspath(model_path) if model_path is not None else smollm2_gguf_path()
         if not os.path.isfile(path):
             raise ConfigError(f"GGUF model file not found: {path!r}; pass model_path=<path to a .gguf file>")
@@ -93,7 +95,8 @@ class LlamaCppBackend:
             seed=seed,
             verbose=verbose,
         )
-        self._is_eog = lambda token: bool(llama_vocab_is_eog(self._llm._model.vocab, token))
+        vocab = self._llm._model.vocab
+        self._is_eog = lambda token: bool(llama_vocab_is_eog(vocab, token))
         self.model_path = path
         self.name = f"llamacpp:{os.path.basename(path)}"
         self.context_tokens = n_ctx
@@ -181,7 +184,8 @@ class LlamaCppBackend:
             )
             return _error(err, n_prompt, prompt_ids, time.perf_counter() - start)
         try:
-            response_ids, finish = self._sample(prompt_ids, request, request.seed if request.seed is not None else drawn_seed)
+            seed = request.seed if request.seed is not None else drawn_seed
+            response_ids, finish = self._sample(prompt_ids, request, seed)
             text = self._llm.detokenize(response_ids, prev_tokens=prompt_ids, special=False)
         except Exception as e:  # a llama.cpp failure sinks this request only
             self._llm.reset()

@@ -321,9 +321,8 @@ class OpenAIBackend:
         except (_Transient, BackendError) as e:
             err = e.error if isinstance(e, _Transient) else e
             note = f" (after {attempts} attempts)" if attempts > 1 else ""
-            return Completion(
-                "", "error", seconds=time.perf_counter() - start, error=self._redact(f"{type(err).__name__}: {err}{note}")
-            )
+            error = self._redact(f"{type(err).__name__}: {err}{note}")
+            return Completion("", "error", seconds=time.perf_counter() - start, error=error)
         return _with_seconds(completion, time.perf_counter() - start)
 
     def _post(self, request: Request) -> Completion:
