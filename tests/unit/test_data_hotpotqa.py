@@ -107,6 +107,8 @@ def test_fit_documents_with_fixed_tokens_and_preferred():
     assert ctx.length_tokens == len(ctx.context.encode()) <= 2500
     assert "MORE1" in ctx.docs and "MORE2" in ctx.docs and "OWN" in ctx.docs
     assert ctx.docs[ctx.own_positions[0] - 1] == "OWN"
+    with pytest.raises(DataError, match="runs out"):  # 200 docs of ~60 bytes cannot fill 50,000 bytes
+        fit_documents(["OWN"], pool, 50_000, sample_rng(0, "k"), BYTES)
 
 
 def test_real_dev_subset(data_root, gguf_tokenizer, tmp_path):

@@ -167,7 +167,7 @@ def fit_documents(
         tolerance_tokens: stop when at most this far below the budget (default: ~1% of the budget, at least 50).
 
     Raises:
-        DataError: the own documents alone do not fit.
+        DataError: the own documents alone do not fit, or the pool runs out before the budget is reached.
     """
     own = list(dict.fromkeys(own))
     tol = tolerance_tokens if tolerance_tokens is not None else max(50, budget_tokens // 100)
@@ -207,7 +207,13 @@ def fit_documents(
                 raise DataError(f"the question's own documents alone take {exact - removed} tokens, over the budget of {target}")
             shrinking = True  # from now on only remove, so the loop cannot oscillate
             continue
-        full = nxt >= len(candidates) or exact + doc_cost(candidates[nxt]) > target
+        exhausted = nxt >= len(candidates)
+        if exhausted and not shrinking and target - exact > tol:
+            raise DataError(
+                f"the pool {pool.name!r} ({len(pool)} paragraphs) runs out at {exact} tokens, short of the "
+                f"{target}-token target: use a shorter length or a larger pool"
+            )
+        full = exhausted or exact + doc_cost(candidates[nxt]) > target
         if shrinking or full or target - exact <= tol:
             where = {d: k for k, d in enumerate(own)}
             pos = {where[d]: i + 1 for i, d in enumerate(docs) if d in where}
