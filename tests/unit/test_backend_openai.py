@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -136,10 +137,10 @@ class _Server:
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         self.seen.append(request)
-        status, body = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        status, body, *headers = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
         if isinstance(body, Exception):
             raise body
-        return httpx.Response(status, json=body)
+        return httpx.Response(status, json=body, headers=headers[0] if headers else None)
 
 
 def _backend(server, **kw):
@@ -161,6 +162,27 @@ def test_429_then_200_succeeds_after_two_attempts(monkeypatch):
     assert sent.headers["authorization"] == "Bearer sk-secret-123"
     assert json.loads(sent.content)["max_tokens"] == 16
     assert "sk-secret" not in repr(b)
+
+
+def test_retry_after_header_stretches_the_backoff():
+    server = _Server((503, {"error": "busy"}, {"Retry-After": "0.3"}), (200, _ok_body()))
+    start = time.perf_counter()
+    (c,) = _backend(server, retry_max_wait_s=5).generate([Request(MSGS, max_tokens=4, request_id="q/0")])
+    assert c.text == "Paris" and len(server.seen) == 2
+    assert 0.3 <= time.perf_counter() - start < 3  # waited for the server's 0.3 s, not the 0.001 s backoff
+    capped = _Server((429, {"error": "slow down"}, {"Retry-After": "3600"}), (200, _ok_body()))
+    start = time.perf_counter()
+    (c,) = _backend(capped, retry_max_wait_s=0.05).generate([Request(MSGS, max_tokens=4, request_id="q/1")])
+    assert c.text == "Paris" and time.perf_counter() - start < 2  # capped at retry_max_wait_s
+
+
+def test_server_context_tokens_reads_vllm_max_model_len():
+    vllm = {"object": "list", "data": [{"id": "other", "max_model_len": 4096}, {"id": "smol", "max_model_len": 8192}]}
+    assert _backend(_Server((200, vllm))).server_context_tokens() == 8192
+    llamacpp = {"object": "list", "data": [{"id": "smol", "object": "model", "owned_by": "me"}]}
+    assert _backend(_Server((200, llamacpp))).server_context_tokens() is None
+    with pytest.raises(BackendError, match="HTTP 401"):
+        _backend(_Server((401, {"error": "no key"}))).server_context_tokens()
 
 
 def test_400_is_not_retried_and_becomes_an_error_completion():

@@ -189,11 +189,20 @@ def _count(usage: dict, key: str, request_id: str) -> int:
 
 
 class _Transient(Exception):
-    """Carries a retryable BackendError through tenacity."""
+    """Carries a retryable BackendError through tenacity (and the server's Retry-After, in seconds)."""
 
-    def __init__(self, error: BackendError):
+    def __init__(self, error: BackendError, retry_after_s: float | None = None):
         super().__init__(str(error))
         self.error = error
+        self.retry_after_s = retry_after_s
+
+
+def _retry_after_s(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header given as a number (the HTTP-date form is ignored)."""
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None
 
 
 class OpenAIBackend:
@@ -206,7 +215,8 @@ class OpenAIBackend:
         concurrency: requests in flight at once (threads sharing one connection pool).
         timeout_s: per-attempt timeout in seconds (connect, read, write and pool).
         max_retries: retries after the first attempt for 429/408/5xx, connection errors and timeouts.
-        context_tokens: the model's context window in tokens, when known (servers do not report it).
+        context_tokens: the model's context window in tokens, when known (chat servers do not report it with
+            completions; :meth:`server_context_tokens` asks vLLM for it).
         tokenizer: a tokenizer matching the served model, used only by :meth:`count_prompt_tokens`.
         extra_body: extra fields added to every payload (see :func:`build_payload`).
         retry_wait_s: first backoff wait in seconds; it doubles per retry, plus up to ``retry_wait_s`` of
@@ -272,9 +282,10 @@ class OpenAIBackend:
             limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
             transport=transport,
         )
-        self._wait = tenacity.wait_exponential(multiplier=retry_wait_s, max=retry_max_wait_s) + tenacity.wait_random(
+        self._backoff = tenacity.wait_exponential(multiplier=retry_wait_s, max=retry_max_wait_s) + tenacity.wait_random(
             0, retry_wait_s
         )
+        self.retry_max_wait_s = retry_max_wait_s
 
     def __repr__(self) -> str:
         return f"OpenAIBackend(base_url={self.base_url!r}, model={self.model!r}, api_key_env={self.api_key_env!r})"
@@ -325,6 +336,14 @@ class OpenAIBackend:
             return Completion("", "error", seconds=time.perf_counter() - start, error=error)
         return _with_seconds(completion, time.perf_counter() - start)
 
+    def _wait(self, state: tenacity.RetryCallState) -> float:
+        """Exponential backoff with jitter, stretched to the server's Retry-After (capped at retry_max_wait_s)."""
+        wait = self._backoff(state)
+        exc = state.outcome.exception() if state.outcome is not None else None
+        if isinstance(exc, _Transient) and exc.retry_after_s is not None:
+            wait = max(wait, min(exc.retry_after_s, self.retry_max_wait_s))
+        return wait
+
     def _post(self, request: Request) -> Completion:
         """One HTTP attempt; raises _Transient for retryable failures, BackendError for final ones."""
         rid = request.request_id
@@ -341,11 +360,34 @@ class OpenAIBackend:
         if resp.status_code >= 400 or resp.status_code < 200:
             err = error_from_http(resp.status_code, body, rid)
             if resp.status_code in RETRY_STATUSES:
-                raise _Transient(err)
+                raise _Transient(err, _retry_after_s(resp.headers.get("retry-after")))
             raise err
         if isinstance(body, str):
             raise BadResponse(f"HTTP {resp.status_code} with a body that is not JSON: {body[:200]!r}", rid)
         return parse_response(body, rid)
+
+    def server_context_tokens(self) -> int | None:
+        """The served model's context window as the server reports it (vLLM's ``max_model_len`` in
+        ``GET /models``), or ``None`` when the server does not say (llama.cpp's server, hosted APIs).
+
+        Raises:
+            BackendError: the server cannot be reached or answers with an error.
+        """
+        try:
+            resp = self._client.get("models")
+        except httpx.HTTPError as e:
+            raise BackendError(self._redact(f"cannot reach {self.base_url}/models: {type(e).__name__}: {e}")) from e
+        if resp.status_code != 200:
+            raise BackendError(self._redact(f"GET {self.base_url}/models: HTTP {resp.status_code}: {resp.text[:200]}"))
+        try:
+            entries = resp.json().get("data") or []
+        except (ValueError, AttributeError):
+            return None
+        for entry in entries:
+            if isinstance(entry, dict) and entry.get("id") == self.model:
+                value = entry.get("max_model_len")
+                return value if isinstance(value, int) and value > 0 else None
+        return None
 
     def _redact(self, text: str) -> str:
         return text.replace(self._key, "***") if self._key else text
