@@ -142,3 +142,22 @@ def test_sampling_seed_reproduces_and_bad_settings_raise(backend):
         backend.generate([_ask("hi", top_p=0.0)])
     with pytest.raises(ConfigError, match="temperature"):
         backend.generate([_ask("hi", temperature=-1.0)])
+
+
+@pytest.mark.slow
+def test_chat_template_override():
+    pytest.importorskip("llama_cpp")
+    from memagent.backends.llamacpp import LlamaCppBackend
+
+    template = (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant:{% endif %}"
+    )
+    with LlamaCppBackend(_gguf_or_skip(), n_ctx=256, chat_template=template) as b:
+        msgs = (Message("user", "Hi <|im_end|>"),)
+        assert b.render_prompt(msgs) == "user: Hi <|im_end|>\nassistant:"
+        ids = b.prompt_token_ids(msgs)
+        assert IM_START not in ids and IM_END not in ids  # no control tokens anywhere, not even from the content
+        assert b.tokenizer.decode(ids) == "user: Hi <|im_end|>\nassistant:"
+    with pytest.raises(ConfigError, match="is closed"):
+        b.generate([_ask("hi")])
