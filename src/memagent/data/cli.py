@@ -69,7 +69,7 @@ def _fail(e: Exception) -> None:
 
 @app.command("hotpotqa")
 def hotpotqa_command(
-    out: Path = typer.Option(Path("data/hotpotqa"), "--out", "-o", help="output folder"),
+    out: Path = typer.Option(Path("runs/data/hotpotqa"), "--out", "-o", help="output folder"),
     docs: Optional[str] = typer.Option(None, "--docs", help="numbers of documents, e.g. 50,100,200 (the paper: 50..25600)"),
     tokens: Optional[str] = typer.Option(None, "--tokens", help="target context lengths in tokens instead, e.g. 8K,32K"),
     samples: int = typer.Option(128, "--samples", "-n", help="questions per size"),
@@ -100,7 +100,7 @@ def hotpotqa_command(
 def ruler_command(
     task: str = typer.Option(..., "--task", "-t", help="comma-separated tasks, 'all' (13 RULER tasks) or 'memagent' (its 11)"),
     lengths: str = typer.Option("8192", "--lengths", "-l", help="target lengths in tokens, e.g. 8192,16384 or 8K,16K"),
-    out: Path = typer.Option(Path("data/ruler"), "--out", "-o", help="output folder"),
+    out: Path = typer.Option(Path("runs/data/ruler"), "--out", "-o", help="output folder"),
     samples: int = typer.Option(128, "--samples", "-n", help="samples per task and length"),
     seed: int = typer.Option(42, "--seed", help="base seed; each sample's RNG comes from (seed, task, length, index)"),
     haystack: Optional[str] = typer.Option(None, "--haystack", help="gutenberg: replace the essay haystack (licence-clean)"),
