@@ -118,6 +118,8 @@ def test_resume_after_kill_gives_same_summary(tmp_path):
     assert len(lines) == 16 and len({(json.loads(x)["method"], json.loads(x)["length"], json.loads(x)["sample_id"]) for x in lines}) == 16
     assert [json.loads(x) for x in lines[: len(partial)]] == [json.loads(x) for x in partial]  # old rows kept
     done_before = {(json.loads(x)["method"], json.loads(x)["length"], json.loads(x)["sample_id"]) for x in partial}
+    manifest = json.loads((tmp_path / "killed" / "manifest.json").read_text())
+    assert len(manifest["resumed_at"]) == 1
     rerun = {r.request_id.split("/")[0] for batch in second.calls for r in batch}
     assert rerun  # something was left to do ...
     strip = lambda cs: [(c.method, c.task, c.length, c.n, c.n_error, c.n_empty, c.mean, c.stderr) for c in cs]  # noqa: E731

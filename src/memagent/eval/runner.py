@@ -208,7 +208,12 @@ class EvalRunner:
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        path = self.run_dir / "manifest.json"
+        if path.exists():  # a resumed run keeps its first start time and lists every resume
+            old = json.loads(path.read_text(encoding="utf-8"))
+            manifest["resumed_at"] = old.get("resumed_at", []) + [manifest["started_at"]]
+            manifest["started_at"] = old.get("started_at", manifest["started_at"])
+        path.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
     def run(self) -> Path:
         """Run every cell not yet complete; returns the path of ``results.jsonl``.
