@@ -114,3 +114,26 @@ def test_load_from_directory_and_errors(tmp_path, tiny):
         HFBackend(str(tmp_path / "missing"))
     with pytest.raises(ConfigError, match="dtype"):
         HFBackend(str(tmp_path / "m"), dtype="float16")
+
+
+@pytest.mark.slow
+def test_smollm2_gguf_loads_dense_and_trainable():
+    from memagent.backends.hf import load_hf_model
+    from memagent.backends.models import smollm2_gguf_path
+
+    try:
+        path = smollm2_gguf_path()
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"SmolLM2 GGUF not available: {e}")
+    model, tok = load_hf_model(path, "float32")
+    assert not getattr(model, "is_quantized", False) and model.hf_quantizer is None
+    params = list(model.parameters())
+    assert all(p.dtype == torch.float32 and p.requires_grad for p in params)
+    assert sum(p.numel() for p in params) == pytest.approx(134.5e6, rel=0.01)
+    b = HFBackend(model, tok)
+    out = b.generate([Request((Message("user", "What is the capital of France?"),), 12, request_id="q")])[0]
+    assert out.finish_reason in ("stop", "length") and out.token_ids
+    ids = torch.tensor([list(out.prompt_token_ids) + list(out.token_ids)])
+    model.train()
+    model(ids).logits[0, -1].logsumexp(-1).backward()
+    assert model.get_output_embeddings().weight.grad is not None

@@ -106,3 +106,17 @@ def test_mask_final_trains_only_updates(tiny):
     g_upd, _ = _grads(model, rows[:1], LossSettings(kl_coef=0.0), 10_000)
     torch.testing.assert_close(g_all, g_upd, atol=1e-7, rtol=1e-5)
     assert m["tokens"] == len(rows[0].response_ids)
+
+
+def test_all_masked_micro_batch_still_backpropagates(tiny):
+    model, _ = tiny
+    rows = [r for r in _rows() if r.traj_index == 1]
+    model.zero_grad(set_to_none=True)
+    scorer = TokenLogProbs(model, chunk_tokens=4)
+    old, _ = row_logprobs(scorer, rows, 0, 1000)
+    only_final = [Row(r.prompt_ids, r.response_ids, r.traj_index, r.group_id, True) for r in rows[:1]]
+    s = LossSettings(mask_final=True, kl_coef=0.0)
+    m = mini_batch_backward(scorer, only_final, torch.tensor([1.0]), old[:1], None, s, 0, 10_000)
+    assert m["tokens"] == 0 and m["loss"] == 0.0
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(float(g.abs().sum()) == 0.0 for g in grads)

@@ -57,7 +57,7 @@ def load_hf_model(path: str | os.PathLike, dtype: str = "bfloat16") -> tuple[Any
             raise ConfigError(f"GGUF file not found: {p!r}")
         d, name = os.path.dirname(os.path.abspath(p)), os.path.basename(p)
         tok = AutoTokenizer.from_pretrained(d, gguf_file=name)
-        model = AutoModelForCausalLM.from_pretrained(d, gguf_file=name, dtype=torch_dtype)
+        model = AutoModelForCausalLM.from_pretrained(d, gguf_file=name, dtype=torch_dtype, **_dense_gguf(name))
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
@@ -68,6 +68,17 @@ def load_hf_model(path: str | os.PathLike, dtype: str = "bfloat16") -> tuple[Any
         raise ConfigError(f"model path {p!r} is neither a model directory nor a .gguf file")
     model.eval()
     return model, tok
+
+
+def _dense_gguf(name: str) -> dict[str, Any]:
+    """Ask transformers to unpack every GGUF weight into a dense tensor. Recent transformers can keep the
+    weights packed behind GGUF matmul kernels (when the ``kernels`` package is installed), which cannot be
+    trained; older versions always dequantize and lack ``GgufConfig``."""
+    try:
+        from transformers import GgufConfig
+    except ImportError:
+        return {}
+    return {"quantization_config": GgufConfig(gguf_file=name, dequantize=True)}
 
 
 def _torch_dtype(dtype: str):

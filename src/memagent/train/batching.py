@@ -69,7 +69,7 @@ class TokenLogProbs(nn.Module):
 
     Args:
         model: a transformers causal LM (``base_model`` + ``get_output_embeddings()``).
-        chunk_tokens: positions per log-softmax slice.
+        chunk_tokens: positions (over the whole batch) per log-softmax slice.
         checkpoint: recompute each logits slice in backward instead of storing it.
     """
 
@@ -80,32 +80,56 @@ class TokenLogProbs(nn.Module):
         self.checkpoint = checkpoint
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, with_entropy: bool = False
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        with_entropy: bool = False,
+        target_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Returns ``(logp (B, T-1), entropy (B, T-1) or None)`` in float32."""
+        """Per-token log-probabilities of ``input_ids[:, 1:]``.
+
+        Args:
+            input_ids, attention_mask: ``(B, T)`` right-padded rows.
+            with_entropy: also return the policy entropy at each position (nats).
+            target_mask: ``(B, T-1)``; when given, logits are computed only where it is nonzero (the response
+                tokens), which saves most of the vocabulary projection for long prompts; other positions are 0.
+
+        Returns:
+            ``(logp (B, T-1), entropy (B, T-1) or None)`` in float32.
+        """
         base = self.model.base_model
         hidden = base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        h, targets = hidden[:, :-1], input_ids[:, 1:]
+        if target_mask is None:
+            sel = torch.ones(targets.shape, dtype=torch.bool, device=targets.device)
+        else:
+            sel = target_mask.to(torch.bool)
+            if not bool(sel.any()):  # keep a graph (zero-weight position) so backward and DDP still run
+                sel = sel.clone()
+                sel[0, 0] = True
+        hs, ts = h[sel], targets[sel]
         head = self.model.get_output_embeddings()
-        targets = input_ids[:, 1:]
-        h = hidden[:, :-1]
         outs, ents = [], []
-        for s in range(0, h.shape[1], self.chunk_tokens):
-            hs, ts = h[:, s : s + self.chunk_tokens], targets[:, s : s + self.chunk_tokens]
+        for s in range(0, hs.shape[0], self.chunk_tokens):
+            hc, tc = hs[s : s + self.chunk_tokens], ts[s : s + self.chunk_tokens]
             if self.checkpoint and torch.is_grad_enabled():
-                lp, en = torch.utils.checkpoint.checkpoint(_slice_logprobs, head, hs, ts, with_entropy, use_reentrant=False)
+                lp, en = torch.utils.checkpoint.checkpoint(_slice_logprobs, head, hc, tc, with_entropy, use_reentrant=False)
             else:
-                lp, en = _slice_logprobs(head, hs, ts, with_entropy)
+                lp, en = _slice_logprobs(head, hc, tc, with_entropy)
             outs.append(lp)
             ents.append(en)
-        logp = torch.cat(outs, dim=1)
-        return logp, (torch.cat(ents, dim=1) if with_entropy else None)
+        zeros = torch.zeros(targets.shape, dtype=torch.float32, device=targets.device)
+        flat = torch.cat(outs) if outs else zeros.new_zeros(0)
+        logp = zeros.masked_scatter(sel, flat)
+        ent = zeros.masked_scatter(sel, torch.cat(ents) if ents else flat) if with_entropy else None
+        return logp, ent
 
 
 def _slice_logprobs(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, with_entropy: bool):
     logsm = torch.log_softmax(head(hidden).float(), dim=-1)
     lp = logsm.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     if not with_entropy:
-        return lp, lp.new_zeros(())
+        return lp, lp.new_zeros(lp.shape)
     return lp, -(logsm.exp() * logsm).sum(-1)
 
 
@@ -174,7 +198,7 @@ def row_logprobs(
     try:
         for group in micro_batches([r.num_tokens for r in rows], max_tokens):
             batch = pad_rows([rows[i] for i in group], pad_id)
-            logp, ent = scorer(batch.input_ids, batch.attention_mask, with_entropy=with_entropy)
+            logp, ent = scorer(batch.input_ids, batch.attention_mask, with_entropy, batch.response_mask)
             for b, i in enumerate(group):
                 p, n = len(rows[i].prompt_ids), len(rows[i].response_ids)
                 out[i] = logp[b, p - 1 : p - 1 + n].float().clone()

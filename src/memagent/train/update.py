@@ -89,8 +89,8 @@ def mini_batch_backward(
         sync = k == len(groups) - 1 or not hasattr(model, "no_sync")
         ctx = contextlib.nullcontext() if sync else model.no_sync()
         with ctx:
-            logp, ent = model(mb.input_ids, mb.attention_mask, with_entropy=want_entropy)
             m = mask[idx, :w_cols]
+            logp, ent = model(mb.input_ids, mb.attention_mask, want_entropy, m)
             loss, metrics = policy_loss(
                 logp, old_full[idx, :w_cols], row_advantages[idx], weights[idx, :w_cols], m,
                 settings.clip_low, settings.clip_high, settings.dual_clip,
