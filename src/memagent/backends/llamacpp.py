@@ -120,7 +120,7 @@ class LlamaCppBackend:
     def _token_text(self, token: int) -> str:
         if token < 0:
             return ""
-        return self._llm.detokenize([token], special=True).decode("utf-8", errors="replace")
+        return self.tokenizer.piece(token, special=True).decode("utf-8", errors="replace")
 
     def _render(self, messages: list[dict[str, str]]) -> str:
         return self._formatter(messages=messages).prompt
@@ -186,7 +186,7 @@ class LlamaCppBackend:
         try:
             seed = request.seed if request.seed is not None else drawn_seed
             response_ids, finish = self._sample(prompt_ids, request, seed)
-            text = self._llm.detokenize(response_ids, prev_tokens=prompt_ids, special=False)
+            text = self.tokenizer.decode_bytes(response_ids)  # exact bytes (the binding cuts long pieces)
         except Exception as e:  # a llama.cpp failure sinks this request only
             self._llm.reset()
             err = f"[request {request.request_id}] llama.cpp failed: {type(e).__name__}: {e}"
