@@ -109,14 +109,19 @@ def plot_accuracy(path: Path, series: list[tuple[str, CellSummary]]) -> None:
     fig, axes = plt.subplots(1, len(tasks), figsize=(4.8 * len(tasks), 3.8), squeeze=False)
     for ax, task in zip(axes[0], tasks):
         cells = [(lab, c) for lab, c in series if c.task == task]
-        for lab in dict.fromkeys(lab for lab, _ in cells):
+        labels = list(dict.fromkeys(lab for lab, _ in cells))
+        for k, lab in enumerate(labels):
             pts = sorted((c.length, c.mean, c.stderr) for m, c in cells if m == lab)
             xs, ys, es = zip(*pts)
-            ax.errorbar(xs, [100 * y for y in ys], yerr=[100 * e for e in es], marker="o", capsize=3, label=lab)
+            shift = 2 ** (0.04 * (k - (len(labels) - 1) / 2))  # equal scores stay visible side by side
+            ax.errorbar([x * shift for x in xs], [100 * y for y in ys], yerr=[100 * e for e in es], capsize=3, label=lab,
+                        marker="osD^v<>"[k % 7], linestyle=["-", "--", ":", "-."][k % 4])
         unit = cells[0][1].length_unit
         ax.set_xscale("log", base=2)
         xs_all = sorted({c.length for _, c in cells})
         ax.set_xticks(xs_all)
+        ax.minorticks_off()
+        ax.set_xlim(min(xs_all) / 1.6, max(xs_all) * 1.6)
         ax.set_xticklabels([_length_label(x, unit).replace(" docs", "") for x in xs_all])
         ax.set_xlabel("documents" if unit == "docs" else "context length (tokens)")
         ax.set_ylabel(f"{cells[0][1].metric} (%)")
