@@ -46,5 +46,7 @@ def test_eval_config_file_and_errors(tmp_path):
     assert r.exit_code == 2 and "did you mean 'chunk_tokens'" in r.output
     r = CliRunner().invoke(_app(), ["eval", "--methods", "magic", "--backend", "scripted"])
     assert r.exit_code == 2 and "unknown method 'magic'" in r.output
+    r = CliRunner().invoke(_app(), ["eval", "--backend", "openai", "--model", "x"])
+    assert r.exit_code == 2 and "--base-url" in r.output
     r = CliRunner().invoke(_app(), ["report", str(tmp_path / "missing")])
     assert r.exit_code == 2 and "not found" in r.output

@@ -18,7 +18,8 @@ def _fail(e: Exception) -> None:
 def _flags_config(tasks: str, lengths: str, methods: str, samples: int, output: Path, backend: str, model: Optional[str],
                   n_ctx: int, chunk_tokens: int, memory_tokens: int, final_tokens: int, max_input_tokens: Optional[int],
                   max_new_tokens: int, batch_size: int, seed: int, temperature: float, top_p: float,
-                  tokenizer: Optional[str], data_root: Optional[Path]):
+                  tokenizer: Optional[str], data_root: Optional[Path], base_url: Optional[str] = None,
+                  api_key_env: str = "OPENAI_API_KEY", concurrency: int = 8):
     from memagent.data.cli import parse_ints
     from memagent.errors import ConfigError
     from memagent.eval.grid import EvalConfig
@@ -36,6 +37,10 @@ def _flags_config(tasks: str, lengths: str, methods: str, samples: int, output: 
     backend_cfg = {"name": backend, "n_ctx": n_ctx} if backend == "llamacpp" else {"name": backend, "context_tokens": n_ctx}
     if model:
         backend_cfg["model_path" if backend == "llamacpp" else "model"] = model
+    if backend == "openai":
+        if not base_url or not model:
+            raise ConfigError("--backend openai needs --base-url (e.g. http://127.0.0.1:8000/v1) and --model (the served name)")
+        backend_cfg.update(base_url=base_url, api_key_env=api_key_env, concurrency=concurrency)
     task_list = [{"name": t.strip(), "lengths": parse_ints(lengths, "--lengths"), "samples": samples}
                  for t in tasks.split(",") if t.strip()]
     return EvalConfig.from_dict({
@@ -54,6 +59,9 @@ def eval_command(
     samples: int = typer.Option(16, "--samples", "-n", help="samples per (task, length)"),
     backend: str = typer.Option("llamacpp", "--backend", "-b", help="llamacpp | openai | hf | scripted"),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="model path / name for the backend"),
+    base_url: Optional[str] = typer.Option(None, "--base-url", help="openai: server URL, e.g. http://127.0.0.1:8000/v1"),
+    api_key_env: str = typer.Option("OPENAI_API_KEY", "--api-key-env", help="openai: environment variable holding the key"),
+    concurrency: int = typer.Option(8, "--concurrency", help="openai: requests in flight at once"),
     n_ctx: int = typer.Option(8192, "--n-ctx", help="context window in tokens"),
     chunk_tokens: int = typer.Option(5000, "--chunk-tokens"),
     memory_tokens: int = typer.Option(1024, "--memory-tokens"),
@@ -84,7 +92,7 @@ def eval_command(
         else:
             cfg = _flags_config(tasks, lengths, methods, samples, output or Path("runs/eval"), backend, model, n_ctx,
                                 chunk_tokens, memory_tokens, final_tokens, max_input_tokens, max_new_tokens, batch_size,
-                                seed, temperature, top_p, tokenizer, data_root)
+                                seed, temperature, top_p, tokenizer, data_root, base_url, api_key_env, concurrency)
         runner = EvalRunner(cfg, log=lambda msg: typer.echo(msg, err=True), retry_errors=retry_errors)
         results = runner.run()
         typer.echo(str(results))

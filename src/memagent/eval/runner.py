@@ -135,16 +135,18 @@ class EvalRunner:
         self.log = log or (lambda _msg: None)
         self.retry_errors = retry_errors
         self.progress = progress
-        if backend is None:
-            from memagent.backends import make_backend
-
-            kw = {k: v for k, v in config.backend.items() if k != "name"}
-            backend = make_backend(config.backend["name"], **kw)
-        self.backend = backend
         if tokenizer is None and config.tokenizer:
             from memagent.data.cli import resolve_tokenizer
 
             tokenizer = resolve_tokenizer(config.tokenizer)
+        if backend is None:
+            from memagent.backends import make_backend
+
+            kw = {k: v for k, v in config.backend.items() if k != "name"}
+            if config.backend["name"] == "openai" and tokenizer is not None:
+                kw.setdefault("tokenizer", tokenizer)  # the server's model, counted locally
+            backend = make_backend(config.backend["name"], **kw)
+        self.backend = backend
         self.tokenizer = tokenizer or getattr(backend, "tokenizer", None)
         if self.tokenizer is None:
             raise ConfigError(f"backend {backend.name!r} has no tokenizer: set `tokenizer:` in the eval config or pass --tokenizer")
