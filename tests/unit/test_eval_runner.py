@@ -203,3 +203,19 @@ def test_grid_errors_and_shipped_configs():
     for c in configs:
         cfg = EvalConfig.from_yaml(c)
         assert cfg.methods and cfg.tasks
+
+
+def test_hotpotqa_cell_is_built_once_and_reused(tmp_path, data_root):
+    cfg = EvalConfig.from_dict({
+        "output": str(tmp_path / "h"), "backend": {"name": "scripted"}, "data_root": str(data_root),
+        "methods": [{"name": "direct", "kind": "direct", "max_input_tokens": 1500, "max_new_tokens": 16}],
+        "tasks": [{"name": "hotpotqa", "lengths": [12], "samples": 2}],
+    })
+    runner = EvalRunner(cfg, backend=ScriptedBackend(replies=["\\boxed{yes}", "x"]))
+    rows = read_results(runner.run())
+    data = tmp_path / "h" / "data" / "hotpotqa_12.jsonl"
+    samples = runner.cell_samples(cfg.tasks[0], 12)
+    assert data.is_file() and [s.metadata["num_docs"] for s in samples] == [12, 12]
+    assert [r["sample_id"] for r in rows] == [s.id for s in samples] and rows[0]["length_unit"] == "docs"
+    assert rows[0]["answers"] == ["yes"] and rows[0]["scores"]["strict_boxed"] == 1.0  # first dev question
+    assert rows[0]["context_tokens"] == len(samples[0].context.encode())  # bytes tokenizer
