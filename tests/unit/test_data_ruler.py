@@ -149,3 +149,10 @@ def test_build_files_and_cli(tmp_path, gguf_tokenizer, data_root):
     )
     assert r.exit_code == 0, r.output
     assert len((out / "hotpotqa_12docs.jsonl").read_text().splitlines()) == 2
+
+
+def test_same_seed_same_bytes(tmp_path, gguf_tokenizer):
+    for d in ("a", "b"):
+        build_ruler(tmp_path / d, ["niah_multikey_2", "fwe"], [2048], gguf_tokenizer, num_samples=2, seed=3)
+    for name in ("niah_multikey_2_2048.jsonl", "niah_multikey_2_2048.ruler.jsonl", "fwe_2048.jsonl"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
