@@ -76,9 +76,10 @@ def read_sample_context(cfg, length, sid):
     return next(s.context for s in read_samples(cfg.tasks[0].files[length]) if s.id == sid)
 
 
-def test_failed_requests_become_counted_error_rows(tmp_path):
+@pytest.mark.parametrize("batched", [True, False])  # False: the agent's threaded path for servers
+def test_failed_requests_become_counted_error_rows(tmp_path, batched):
     cfg = _config(tmp_path)
-    backend = ScriptedBackend(responder=responder, fail=lambda r: r.request_id.startswith("s1/"))
+    backend = ScriptedBackend(responder=responder, fail=lambda r: r.request_id.startswith("s1/"), batched=batched)
     rows = read_results(EvalRunner(cfg, backend=backend).run())
     assert len(rows) == 16
     errors = [r for r in rows if r["status"] == "error"]
