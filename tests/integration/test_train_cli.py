@@ -33,3 +33,20 @@ def test_train_command_one_step(tmp_path):
     assert (tmp_path / "checkpoints" / "step_000001.pt").exists()
     bad = CliRunner().invoke(app, ["--config", "configs/train_cpu_small.yaml", "rl.grup_size=2"])
     assert bad.exit_code == 2 and "did you mean rl.group_size" in bad.output
+
+
+def test_memagent_train_is_mounted(tmp_path):
+    from memagent.cli import app
+
+    n = torch.get_num_threads()
+    try:
+        res = CliRunner().invoke(app, [
+            "train", "--config", "configs/train_cpu_small.yaml", f"run.output_dir={tmp_path}", "run.total_steps=1",
+            "run.val_before_train=false", "run.val_every=0", "run.torch_threads=1", "rl.group_size=2",
+            "data.synthetic_context_words=12", "agent.chunk_tokens=48", "agent.memory_tokens=4",
+            "agent.final_tokens=4", "run.tensorboard=false",
+        ])
+    finally:
+        torch.set_num_threads(n)
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "checkpoints" / "step_000001.pt").exists()

@@ -120,3 +120,19 @@ def test_all_masked_micro_batch_still_backpropagates(tiny):
     assert m["tokens"] == 0 and m["loss"] == 0.0
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     assert grads and all(float(g.abs().sum()) == 0.0 for g in grads)
+
+
+def test_on_policy_shortcut_matches_explicit_old_logprobs(tiny):
+    model, _ = tiny
+    rows = _rows()
+    scorer = TokenLogProbs(model, chunk_tokens=4)
+    adv = torch.tensor([0.5, 0.5, -1.0, -1.0, -1.0, 2.0])
+    s = LossSettings(kl_coef=0.0)
+    grads = []
+    for use_old in (True, False):
+        model.zero_grad(set_to_none=True)
+        old = row_logprobs(scorer, rows, 0, 1000)[0] if use_old else None
+        m = mini_batch_backward(scorer, rows, adv, old, None, s, 0, 12, log_entropy=True)
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]).clone())
+        assert m["pg/ratio_mean"] == pytest.approx(1.0, abs=1e-5) and m["entropy/mean"] > 0
+    torch.testing.assert_close(grads[1], grads[0], atol=1e-6, rtol=1e-5)

@@ -177,16 +177,17 @@ class Trainer:
         row_adv = broadcast_advantages(traj_adv, row_traj)
         t_up = time.perf_counter()
         budget = cfg.optim.micro_batch_tokens
-        old, ent = row_logprobs(self.scorer, rows, self.pad_id, budget, with_entropy=True)
+        single = cfg.rl.mini_batches == 1  # one update on fresh samples: old policy == current weights
+        old, ent = (None, None) if single else row_logprobs(self.scorer, rows, self.pad_id, budget, with_entropy=True)
         ref = row_logprobs(self.ref_scorer, rows, self.pad_id, budget)[0] if self.ref_scorer else None
         sums: dict[str, float] = {}
         norms = []
         for part in split_trajectories(row_traj.tolist(), cfg.rl.mini_batches):
             self.optimizer.zero_grad(set_to_none=True)
             m = mini_batch_backward(
-                self.ddp, [rows[i] for i in part], row_adv[part], [old[i] for i in part],
+                self.ddp, [rows[i] for i in part], row_adv[part], [old[i] for i in part] if old is not None else None,
                 [ref[i] for i in part] if ref is not None else None, self.settings, self.pad_id, budget,
-                all_reduce_sum if self.dist.enabled else None, self.dist.world_size,
+                all_reduce_sum if self.dist.enabled else None, self.dist.world_size, log_entropy=single,
             )
             norm = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.optim.grad_clip))
             norms.append(norm)
@@ -212,7 +213,10 @@ class Trainer:
             float(ro.response_tokens), float((group_best[torch.unique(groups)] >= 1).sum()),
             float(torch.unique(groups).numel()),
         ], dtype=torch.float64))
-        ent_tokens = sum(len(e) for e in ent)
+        if ent is not None:
+            entropy = sum(float(e.sum()) for e in ent) / max(1, sum(len(e) for e in ent))
+        else:  # from the training forward, aggregated like the loss
+            entropy = sums.get("entropy/mean", 0.0) / max(1, self.cfg.rl.mini_batches)
         m = {
             "step": self.step, "lr": lr,
             "reward/mean": float(red[0] / red[2]), "reward/accuracy": float(red[1] / red[2]),
@@ -220,7 +224,7 @@ class Trainer:
             "conv/per_traj_mean": float(red[3] / red[2]), "conv/per_traj_min": float(conv.min()),
             "conv/per_traj_max": float(conv.max()),
             "response_tokens/mean": float(red[4] / red[3]),
-            "entropy/mean": float(sum(float(e.sum()) for e in ent) / max(1, ent_tokens)),
+            "entropy/mean": entropy,
             "grad_norm": float(sum(norms) / len(norms)), "skipped_updates": self.skipped_updates,
             "time/rollout_s": ro.seconds, "time/update_s": update_s,
             "tokens/rollout_per_s": ro.response_tokens / max(ro.seconds, 1e-9),

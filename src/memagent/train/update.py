@@ -40,13 +40,14 @@ def mini_batch_backward(
     model: torch.nn.Module,
     rows: Sequence[Row],
     row_advantages: torch.Tensor,
-    old_logps: Sequence[torch.Tensor],
+    old_logps: Sequence[torch.Tensor] | None,
     ref_logps: Sequence[torch.Tensor] | None,
     settings: LossSettings,
     pad_id: int,
     micro_tokens: int,
     all_reduce_sum: AllReduceSum | None = None,
     world_size: int = 1,
+    log_entropy: bool = False,
 ) -> dict[str, float]:
     """Accumulate the gradient of the mini-batch loss into ``model``'s parameters (no optimizer step).
 
@@ -55,11 +56,16 @@ def mini_batch_backward(
         rows: this rank's rows of the mini-batch (whole trajectories).
         row_advantages: ``(R,)`` advantage of each row.
         old_logps, ref_logps: per row ``(T_resp,)`` sampling-policy / reference log-probabilities.
+            ``old_logps=None`` means the rows were sampled by the current weights and this is the only
+            update on them (one mini-batch, one epoch): the detached current log-probabilities are used,
+            which saves a forward pass (the ratio is 1 by construction).
         settings: loss hyperparameters.
         pad_id: padding token id.
         micro_tokens: padded-token budget per micro-batch.
         all_reduce_sum: sums a tensor over ranks (DDP); ``None`` in a single process.
         world_size: number of ranks.
+        log_entropy: compute the policy entropy for the ``entropy/mean`` metric even when its coefficient
+            is 0.
 
     Returns:
         metrics as floats: ``loss``, ``pg/loss``, ``kl/mean``, ``entropy/mean`` (mini-batch aggregates) and
@@ -77,9 +83,9 @@ def mini_batch_backward(
         units = all_reduce_sum(units.clone())
     weights = aggregation_weights(mask, settings.agg_mode, traj, settings.horizon_tokens, total_units=units)
     width = mask.shape[1]
-    old_full = scatter_response(old_logps, rows, width)
+    old_full = scatter_response(old_logps, rows, width) if old_logps is not None else None
     ref_full = scatter_response(ref_logps, rows, width) if ref_logps is not None else None
-    want_entropy = settings.entropy_coef != 0
+    want_entropy = settings.entropy_coef != 0 or log_entropy
     sums: dict[str, float] = {}
     groups = micro_batches([r.num_tokens for r in rows], micro_tokens)
     for k, group in enumerate(groups):
@@ -92,7 +98,7 @@ def mini_batch_backward(
             m = mask[idx, :w_cols]
             logp, ent = model(mb.input_ids, mb.attention_mask, want_entropy, m)
             loss, metrics = policy_loss(
-                logp, old_full[idx, :w_cols], row_advantages[idx], weights[idx, :w_cols], m,
+                logp, old_full[idx, :w_cols] if old_full is not None else logp.detach(), row_advantages[idx], weights[idx, :w_cols], m,
                 settings.clip_low, settings.clip_high, settings.dual_clip,
                 ref_logp=ref_full[idx, :w_cols] if ref_full is not None else None,
                 kl_coef=settings.kl_coef, kl_type=settings.kl_type, entropy=ent, entropy_coef=settings.entropy_coef,
