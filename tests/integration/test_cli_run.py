@@ -91,3 +91,46 @@ def test_demo_scripted_shows_memory_and_gold(data_root, tmp_path):
     assert "Gold answer: yes" in out
     rows = [json.loads(line) for line in trace.read_text().splitlines()]
     assert [row["kind"] for row in rows] == ["update"] * 3 + ["final"]
+
+
+def test_run_exit_status_1_when_a_sample_fails(tmp_path, monkeypatch):
+    import memagent.cli as cli
+    from memagent.backends.scripted import ScriptedBackend
+
+    monkeypatch.setattr(cli, "build_backend",
+                        lambda *a, **k: (ScriptedBackend(fail=lambda r: r.request_id.startswith("b/")), None))
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"id": "a", "question": "q", "context": "x"}\n{"id": "b", "question": "q", "context": "y"}\n')
+    out = tmp_path / "out.jsonl"
+    r = _run("run", "-i", str(inp), "-o", str(out))
+    assert r.exit_code == 1
+    rows = {row["id"]: row for row in map(json.loads, out.read_text().splitlines())}
+    assert (rows["a"]["status"], rows["b"]["status"]) == ("ok", "error")
+    assert rows["b"]["error"].startswith("b/chunk0: scripted failure")
+    assert "2 samples, 1 failed" in r.output
+
+
+def test_run_refuses_to_overwrite_input_and_bad_output_paths(tmp_path):
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"id": "a", "question": "q", "context": "x"}\n')
+    r = _run("run", "-i", str(inp), "-o", str(inp), "-b", "scripted")
+    assert r.exit_code == 2 and "--output is the --input file" in r.output
+    assert inp.read_text() == '{"id": "a", "question": "q", "context": "x"}\n'
+    r = _run("run", "-i", str(inp), "-o", str(tmp_path / "no" / "such" / "dir.jsonl"), "-b", "scripted")
+    assert r.exit_code == 2 and "cannot write --output" in r.output
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    r = _run("run", "-i", str(empty), "-b", "scripted")
+    assert r.exit_code == 2 and "holds no samples" in r.output
+
+
+def test_run_strips_byte_order_mark_and_warns_on_bad_utf8(tmp_path):
+    doc = tmp_path / "bom.txt"
+    doc.write_bytes("\ufeffhello world".encode("utf-8"))
+    r = _run("run", "-q", "Q", "-d", str(doc), "-b", "scripted")
+    assert r.exit_code == 0 and r.stdout.strip().splitlines()[-1] == "hello world"
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"caf\xe9 au lait")
+    r = _run("run", "-q", "Q", "-d", str(bad), "-b", "scripted")
+    assert r.exit_code == 0 and "not valid UTF-8" in r.output
+    assert r.stdout.strip().splitlines()[-1] == "caf\ufffd au lait"

@@ -102,7 +102,7 @@ class RLConfig:
     agg_mode: str = "token-mean"
     horizon_tokens: int | None = None
     mask_final: bool = False
-    reward: Literal["strict_boxed", "strict_boxed_reference"] = "strict_boxed"
+    reward: Literal["strict_boxed", "strict_boxed_reference", "sub_em"] = "strict_boxed"
 
 
 @dataclass(frozen=True)
