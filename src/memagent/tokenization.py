@@ -131,7 +131,11 @@ class HFTokenizer:
             p = os.path.join(p, "tokenizer.json")
         if not os.path.isfile(p):
             raise ConfigError(f"no tokenizer.json at {p!r}: pass a tokenizer.json file or an HF model directory")
-        return cls(_RawTokenizer.from_file(p), name=os.path.basename(os.path.dirname(os.path.abspath(p))) or p)
+        try:
+            raw = _RawTokenizer.from_file(p)
+        except Exception as e:  # the tokenizers library raises a bare Exception on a malformed file
+            raise ConfigError(f"{p!r} is not a valid tokenizer.json ({e})") from e
+        return cls(raw, name=os.path.basename(os.path.dirname(os.path.abspath(p))) or p)
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids if text else []
@@ -171,7 +175,11 @@ class LlamaCppTokenizer:
 
         if not os.path.isfile(path):
             raise ConfigError(f"GGUF file not found: {os.fspath(path)!r}")
-        return cls(Llama(os.fspath(path), vocab_only=True, verbose=False), name=os.path.basename(path))
+        try:
+            llama = Llama(os.fspath(path), vocab_only=True, verbose=False)
+        except ValueError as e:
+            raise ConfigError(f"llama.cpp cannot read the vocabulary of {os.fspath(path)!r} ({e}); is it a GGUF file?") from e
+        return cls(llama, name=os.path.basename(path))
 
     def encode(self, text: str) -> list[int]:
         if not text:

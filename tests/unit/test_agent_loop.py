@@ -215,3 +215,18 @@ def test_server_backend_failures_are_recorded_per_sample():
     b = ScriptedBackend(fail=lambda r: r.request_id == "b/chunk0", batched=False)
     a, bb = _agent(b, batch_size=2).run([Sample("a", "q", "abcdefgh"), Sample("b", "q", "abcdefgh")])
     assert a.ok and not bb.ok and bb.error.startswith("b/chunk0")
+
+
+def test_budget_error_suggests_chunk_and_memory_bounds_and_n_ctx():
+    b = ScriptedBackend(context_tokens=2048)
+    agent = _agent(b, chunk_tokens=1000, memory_tokens=600, final_tokens=100)
+    fixed = len(DEFAULT_TEMPLATES.render_update("", None, "").encode()) - len("No previous memory")
+    need = fixed + 2 + 600 + 1000 + 32 + 600
+    with pytest.raises(ConfigError) as e:
+        agent.check_budget("hi", "s")
+    msg = str(e.value)
+    assert f"lower --chunk-tokens to at most {1000 - (need - 2048)}" in msg
+    assert f"lower --memory-tokens to at most {(2048 - (need - 1200)) // 2}" in msg
+    assert msg.endswith("use a model with a larger context window (--n-ctx)")
+    with pytest.raises(ConfigError, match=r"shorten the question \(it alone is 1700 tokens\)"):
+        _agent(ScriptedBackend(context_tokens=2048), chunk_tokens=10, memory_tokens=10).check_budget("q" * 1700)

@@ -171,15 +171,24 @@ class MemoryAgent:
             if need > window:
                 detail = " + ".join(f"{k} {v}" for k, v in parts)
                 over = need - window
-                if call == "final":
-                    fix = "lower --final-tokens or --memory-tokens"
-                elif c.chunk_tokens - over >= 1:
-                    fix = f"lower --chunk-tokens to at most {c.chunk_tokens - over} (or lower --memory-tokens)"
+                fixes = []
+                if q > window // 2:
+                    fixes.append(f"shorten the question (it alone is {q} tokens)")
+                if call == "update":
+                    if c.chunk_tokens - over >= 1:
+                        fixes.append(f"lower --chunk-tokens to at most {c.chunk_tokens - over}")
+                    mem_max = (window - (need - 2 * c.memory_tokens)) // 2
+                    if mem_max >= 1:
+                        fixes.append(f"lower --memory-tokens to at most {mem_max} (it counts twice: memory in, memory out)")
                 else:
-                    fix = "lower --memory-tokens and --chunk-tokens"
+                    if c.final_tokens - over >= 1:
+                        fixes.append(f"lower --final-tokens to at most {c.final_tokens - over}")
+                    fixes.append("lower --memory-tokens")
+                fixes.append("use a model with a larger context window (--n-ctx)")
+                fix = "; or ".join(fixes)
                 raise ConfigError(
                     f"sample {sample_id}: the {call} call needs {need} tokens ({detail}) but the context window of "
-                    f"{self.backend.name} is {window} tokens; {fix}, or use a larger context window"
+                    f"{self.backend.name} is {window} tokens. To fix: {fix}"
                 )
 
     # ------------------------------------------------------------------------------------------ loop

@@ -79,22 +79,25 @@ class LlamaCppBackend:
             ) from e
         path = os.fspath(model_path) if model_path is not None else smollm2_gguf_path()
         if not os.path.isfile(path):
-            raise ConfigError(f"GGUF model file not found: {path!r}; pass model_path=<path to a .gguf file>")
+            raise ConfigError(f"GGUF model file not found: {path!r}; pass the path of a .gguf file (--model on the command line)")
         for knob, value in (("n_ctx", n_ctx), ("n_batch", n_batch)):
             if value < 1:
                 raise ConfigError(f"{knob} must be a positive number of tokens, got {value}")
         threads = n_threads if n_threads is not None else (os.cpu_count() or 1)
         if threads < 1:
             raise ConfigError(f"n_threads must be >= 1, got {threads}")
-        self._llm = Llama(
-            path,
-            n_ctx=n_ctx,
-            n_threads=threads,
-            n_threads_batch=threads,
-            n_batch=n_batch,
-            seed=seed,
-            verbose=verbose,
-        )
+        try:
+            self._llm = Llama(
+                path,
+                n_ctx=n_ctx,
+                n_threads=threads,
+                n_threads_batch=threads,
+                n_batch=n_batch,
+                seed=seed,
+                verbose=verbose,
+            )
+        except ValueError as e:  # llama.cpp could not read the file
+            raise ConfigError(f"llama.cpp cannot load {path!r} ({e}); is it a GGUF model file?") from e
         vocab = self._llm._model.vocab
         self._is_eog = lambda token: bool(llama_vocab_is_eog(vocab, token))
         self.model_path = path

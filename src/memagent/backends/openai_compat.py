@@ -20,6 +20,7 @@ import dataclasses
 import os
 import re
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -52,6 +53,10 @@ _OVERFLOW = re.compile(
     r"|too many tokens|prompt is too long|input is too long|max_model_len",
     re.IGNORECASE,
 )
+
+
+# Strings that chat templates use as control tokens (ChatML, Llama, Mistral, GPT-2 style end of text).
+_CONTROL_LIKE = re.compile(r"<\|[A-Za-z_][A-Za-z0-9_]{0,30}\|>|</?s>|\[/?INST\]")
 
 
 def build_payload(request: Request, model: str, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -157,6 +162,8 @@ def _classify(status: int, message: str, request_id: str, overflow_any_status: b
         return ContextOverflow(f"the server refused the prompt as too long ({text})", request_id)
     if status in (408, 504):
         return BackendTimeout(text, request_id)
+    if status == 404:
+        text += " (check that the base URL ends with the API prefix, e.g. http://host:port/v1, and that the model name is served)"
     return BackendError(text, request_id)
 
 
@@ -286,6 +293,7 @@ class OpenAIBackend:
             0, retry_wait_s
         )
         self.retry_max_wait_s = retry_max_wait_s
+        self._warned_control_text = False
 
     def __repr__(self) -> str:
         return f"OpenAIBackend(base_url={self.base_url!r}, model={self.model!r}, api_key_env={self.api_key_env!r})"
@@ -307,6 +315,16 @@ class OpenAIBackend:
         """
         if not requests:
             return []
+        if not self._warned_control_text:
+            for r in requests:
+                hit = next((m for msg in r.messages if (m := _CONTROL_LIKE.search(msg.content))), None)
+                if hit:
+                    self._warned_control_text = True
+                    warnings.warn(
+                        f"request {r.request_id} contains {hit.group(0)!r}: the server tokenizes prompts itself, and "
+                        "many servers turn such strings into control tokens. In-process backends (llamacpp, hf) keep "
+                        "them as plain text.", stacklevel=2)
+                    break
         if len(requests) == 1:
             return [self._complete(requests[0])]
         with ThreadPoolExecutor(max_workers=min(self.concurrency, len(requests))) as pool:
