@@ -136,6 +136,8 @@ class Turn:
         output: the raw completion text.
         finish_reason: as reported by the backend.
         seconds: wall time of the call.
+        chunk_chars: for an update turn, the ``[start, end)`` character range of the chunk in the document
+            the agent read (after optional truncation); ``None`` for the final turn.
         prompt_token_ids, response_token_ids: exact ids when the backend exposes them (used by training;
             not written to trace files).
     """
@@ -148,6 +150,7 @@ class Turn:
     output: str
     finish_reason: FinishReason
     seconds: float
+    chunk_chars: tuple[int, int] | None = None
     prompt_token_ids: tuple[int, ...] | None = field(default=None, repr=False)
     response_token_ids: tuple[int, ...] | None = field(default=None, repr=False)
 

@@ -101,11 +101,13 @@ def test_trace_rows_and_file(tmp_path):
     # ByteTokenizer counts: completion = bytes of the reply; prompt = bytes of the rendered user message
     assert rows[0]["completion_tokens"] == len("note one")
     assert rows[0]["prompt_tokens"] == len(DEFAULT_TEMPLATES.render_update("q", None, "abcd").encode())
-    assert set(rows[0]) == {"sample_id", "turn", "kind", "chunk_index", "prompt_tokens", "completion_tokens",
-                            "memory", "output", "finish_reason", "seconds"}
+    assert set(rows[0]) == {"sample_id", "turn", "kind", "chunk_index", "chunk_chars", "prompt_tokens",
+                            "completion_tokens", "memory", "output", "finish_reason", "seconds"}
+    assert [r["chunk_chars"] for r in rows] == [(0, 4), (4, 7), None]
     path = tmp_path / "trace.jsonl"
     write_trace(path, [traj])
-    assert [json.loads(line) for line in path.read_text().splitlines()] == rows
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [
+        {**r, "chunk_chars": list(r["chunk_chars"]) if r["chunk_chars"] else None} for r in rows]
     assert (traj.answer, traj.extraction) == ("7", "answer_is")
 
 

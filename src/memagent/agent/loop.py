@@ -215,6 +215,7 @@ class MemoryAgent:
 
     def _apply(self, st: _State, req: Request, comp: Completion) -> Turn:
         is_update = st.next_chunk < len(st.chunks)
+        chunk = st.chunks[st.next_chunk] if is_update else None
         ok = comp.finish_reason != "error"
         if is_update and ok:
             st.memory = strip_reasoning(comp.text).strip()
@@ -227,6 +228,7 @@ class MemoryAgent:
             output=comp.text,
             finish_reason=comp.finish_reason,
             seconds=comp.seconds,
+            chunk_chars=(chunk.start_char, chunk.end_char) if chunk is not None else None,
             prompt_token_ids=comp.prompt_token_ids,
             response_token_ids=comp.token_ids,
         )
@@ -386,8 +388,8 @@ class _Bars:
 
 
 def trace_rows(trajectory: Trajectory) -> list[dict]:
-    """One JSON-ready row per turn: sample id, turn number, chunk index, kind, prompt and completion tokens,
-    memory text, output, finish reason, seconds."""
+    """One JSON-ready row per turn: sample id, turn number, kind, chunk index and character range, prompt and
+    completion tokens, memory text, output, finish reason, seconds."""
     return [{"sample_id": trajectory.sample_id, "turn": i, **t.to_dict()} for i, t in enumerate(trajectory.turns)]
 
 

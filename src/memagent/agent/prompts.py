@@ -52,6 +52,10 @@ class PromptTemplates:
     system: str | None = None
 
     def __post_init__(self):
+        for name in ("update", "final", "no_memory", "system"):
+            value = getattr(self, name)
+            if not isinstance(value, str) and not (name == "system" and value is None):
+                raise ConfigError(f"prompt template field {name!r} must be text, got {type(value).__name__}")
         for name, tpl, need in (("update", self.update, ("question", "memory", "chunk")), ("final", self.final, ("question", "memory"))):
             missing = [s for s in need if "{" + s + "}" not in tpl]
             if missing:
