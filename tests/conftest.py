@@ -40,3 +40,23 @@ def data_root() -> Path:
     if not (root / "hotpotqa").is_dir():
         pytest.skip(f"shared data not found at {root} (set MEMAGENT_DATA)")
     return root
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models run far faster on one thread, especially on a shared, busy CPU."""
+    torch = pytest.importorskip("torch")
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """A tiny random-weight Llama and its tokenizer, built offline (memagent.train.tiny)."""
+    pytest.importorskip("transformers")
+    from memagent.train.tiny import make_tiny_model, make_tiny_tokenizer
+
+    tok = make_tiny_tokenizer()
+    return make_tiny_model(tok, seed=0), tok

@@ -13,13 +13,7 @@ from memagent.train.synthetic import needle_samples  # noqa: E402
 from memagent.train.trainer import Trainer  # noqa: E402
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run far faster on one thread, especially on a shared, busy CPU."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 TRAIN = needle_samples(4, 12, seed=0, prefix="t")

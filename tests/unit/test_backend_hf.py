@@ -6,24 +6,14 @@ pytest.importorskip("transformers")
 from memagent.backends.hf import HFBackend  # noqa: E402
 from memagent.errors import ConfigError  # noqa: E402
 from memagent.tokenization import HFTokenizer  # noqa: E402
-from memagent.train.tiny import make_tiny_model, make_tiny_tokenizer, save_tiny  # noqa: E402
+from memagent.train.tiny import save_tiny  # noqa: E402
 from memagent.types import Message, Request  # noqa: E402
 
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run far faster on one thread, especially on a shared, busy CPU."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    tok = make_tiny_tokenizer()
-    return make_tiny_model(tok, seed=0), tok
 
 
 @pytest.fixture(scope="module")

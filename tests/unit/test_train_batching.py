@@ -9,24 +9,13 @@ from memagent.train.batching import (  # noqa: E402
     TokenLogProbs, micro_batches, pad_rows, row_logprobs, scatter_response, split_trajectories,
 )
 from memagent.train.rollout import Row  # noqa: E402
-from memagent.train.tiny import make_tiny_model, make_tiny_tokenizer  # noqa: E402
 from memagent.train.update import LossSettings, mini_batch_backward  # noqa: E402
 
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run far faster on one thread, especially on a shared, busy CPU."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    tok = make_tiny_tokenizer()
-    return make_tiny_model(tok, seed=0), tok
 
 
 def _rows():

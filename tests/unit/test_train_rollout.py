@@ -11,12 +11,7 @@ from memagent.train.rollout import collect_rollouts, repeat_samples, trajectory_
 from memagent.types import Completion, Sample, Usage  # noqa: E402
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 SAMPLES = [
