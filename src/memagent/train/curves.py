@@ -1,0 +1,94 @@
+"""Learning curves from a training run's ``metrics.jsonl``: a reward-curve PNG and a before/after table.
+
+Reads result files only (like ``memagent report`` for evaluations), so it can be rerun without models:
+
+    python -m memagent.train.curves runs/needle_smollm2 docs/results/train_needle
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from memagent.errors import DataError
+
+
+def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
+    """The rows of ``<run_dir>/metrics.jsonl`` in file order.
+
+    Raises:
+        DataError: the file is missing or a line is not JSON (names the line).
+    """
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise DataError(f"no metrics.jsonl in {run_dir}: is it a `memagent train` output directory?")
+    rows = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{n}: not JSON ({e.msg})") from None
+    return rows
+
+
+def validation_table(rows: list[dict]) -> str:
+    """Markdown table of every validation: one line per validated step, one column per ``val/*`` metric."""
+    vals = [r for r in rows if any(k.startswith("val/") for k in r)]
+    if not vals:
+        return "(no validation rows)\n"
+    keys = sorted({k for r in vals for k in r if k.startswith("val/")})
+    head = "| step | " + " | ".join(k[4:] for k in keys) + " |"
+    rule = "|---|" + "---|" * len(keys)
+    lines = [head, rule]
+    for r in vals:
+        cells = [f"{100 * r[k]:.1f}" if isinstance(r.get(k), (int, float)) else "" for k in keys]
+        lines.append(f"| {r['step']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n\nValues in %. `x1`/`x4`: held-out samples at 1x / 4x the training context length.\n"
+
+
+def plot_rewards(rows: list[dict], out_png: str | os.PathLike, window: int = 5) -> None:
+    """Training reward per step (points), its moving average over ``window`` steps (line), and validation
+    rewards (markers per context multiplier)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r["step"] for r in rows if "reward/mean" in r]
+    rewards = [r["reward/mean"] for r in rows if "reward/mean" in r]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(steps, rewards, "o", ms=3, alpha=0.4, label="train reward (per step)")
+    if len(rewards) >= window:
+        avg = [sum(rewards[i - window + 1 : i + 1]) / window for i in range(window - 1, len(rewards))]
+        ax.plot(steps[window - 1 :], avg, "-", label=f"train reward ({window}-step mean)")
+    val_keys = sorted({k for r in rows for k in r if k.startswith("val/") and k.endswith("/reward")})
+    for k in val_keys:
+        pts = [(r["step"], r[k]) for r in rows if k in r]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "s--", label=f"validation {k.split('/')[1]}")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("reward")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        raise SystemExit("usage: python -m memagent.train.curves RUN_DIR OUT_DIR")
+    rows = read_metrics(args[0])
+    out = Path(args[1])
+    out.mkdir(parents=True, exist_ok=True)
+    plot_rewards(rows, out / "reward_curve.png")
+    (out / "validation.md").write_text(validation_table(rows), encoding="utf-8")
+    print(f"wrote {out / 'reward_curve.png'} and {out / 'validation.md'}")
+
+
+if __name__ == "__main__":
+    main()

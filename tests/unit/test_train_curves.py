@@ -1,0 +1,38 @@
+import json
+
+import pytest
+
+from memagent.errors import DataError
+from memagent.train.curves import main, read_metrics, validation_table
+
+ROWS = [
+    {"step": 0, "val/x1/reward": 0.5, "val/x4/reward": 0.125},
+    {"step": 1, "reward/mean": 0.25},
+    {"step": 2, "reward/mean": 0.5, "val/x1/reward": 0.75, "val/x4/reward": 0.25},
+]
+
+
+def test_validation_table_values():
+    assert validation_table(ROWS).splitlines()[:4] == [
+        "| step | x1/reward | x4/reward |",
+        "|---|---|---|",
+        "| 0 | 50.0 | 12.5 |",
+        "| 2 | 75.0 | 25.0 |",
+    ]
+    assert validation_table([{"step": 1, "reward/mean": 0}]) == "(no validation rows)\n"
+
+
+def test_curves_from_files(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    assert read_metrics(run) == ROWS
+    main([str(run), str(tmp_path / "out")])
+    png = (tmp_path / "out" / "reward_curve.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| 2 | 75.0 | 25.0 |" in (tmp_path / "out" / "validation.md").read_text()
+    (run / "metrics.jsonl").write_text('{"step": 0}\nnot json\n')
+    with pytest.raises(DataError, match=r"metrics.jsonl:2: not JSON"):
+        read_metrics(run)
+    with pytest.raises(DataError, match="no metrics.jsonl"):
+        read_metrics(tmp_path)
