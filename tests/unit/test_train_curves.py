@@ -36,3 +36,15 @@ def test_curves_from_files(tmp_path):
         read_metrics(run)
     with pytest.raises(DataError, match="no metrics.jsonl"):
         read_metrics(tmp_path)
+
+
+def test_reward_choices():
+    pytest.importorskip("torch")
+    from memagent.train.trainer import _reward_fn
+
+    sub = _reward_fn("sub_em")
+    assert sub("The special number is 4417093.", ["4417093"]) == 1.0  # raw-text fallback still scores
+    assert sub("\\boxed{12}", ["4417093"]) == 0.0
+    strict = _reward_fn("strict_boxed")
+    assert strict("The special number is 4417093.", ["4417093"]) == 0.0  # no box: the strict reward is 0
+    assert strict("so \\boxed{4417093}", ["4417093"]) == 1.0
