@@ -241,24 +241,60 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------- validation
     def validate(self) -> dict[str, float]:
-        """Greedy (by default) answers on the validation questions, at each configured length multiplier.
+        """Evaluate the current policy on the validation questions through the eval runner.
 
-        Returns ``val/x{m}/reward`` (strict boxed reward), ``val/x{m}/sub_em`` (lenient, on the extracted
-        answer) and ``val/x{m}/boxed`` (fraction of answers in a box) per multiplier ``m``.
+        Runs :class:`memagent.eval.runner.EvalRunner` with one memory-agent method (this trainer's agent settings,
+        ``agent.val_temperature``/``val_top_p``, greedy by default) on the current policy's backend, one cell per
+        length multiplier ``m`` (the questions are written once to ``val/data/x{m}.jsonl``). Per-sample rows and
+        memory traces go to ``val/step_{step:06d}/`` (readable by ``memagent report``; cells are keyed by the mean
+        document length in tokens); a failed request is an error row that scores 0, and a validation cut short by
+        a kill resumes with its finished rows.
+
+        Returns:
+            ``val/x{m}/reward`` (the configured reward, ``rl.reward``), ``val/x{m}/sub_em`` (on the extracted
+            answer), ``val/x{m}/boxed`` (fraction of answers in a box) and ``val/x{m}/n_error`` per ``m``.
         """
-        from memagent.verifiers import sub_em
+        from memagent.data.io import write_samples
+        from memagent.eval.grid import EvalConfig, MethodConfig, TaskConfig
+        from memagent.eval.metrics import read_results
+        from memagent.eval.runner import EvalRunner
+        from memagent.tokenization import count_tokens
 
-        a = self.cfg.agent
-        out: dict[str, float] = {}
-        for mult, samples in self.val_samples.items():
-            if not samples:
-                continue
-            trajs = self.agent(a.val_temperature, a.val_top_p, self.cfg.run.seed).run(samples)
-            n = len(samples)
-            out[f"val/x{mult}/reward"] = sum(self.reward_fn(t.response, s.answers) for s, t in zip(samples, trajs)) / n
-            out[f"val/x{mult}/sub_em"] = sum(sub_em(t.answer, s.answers) for s, t in zip(samples, trajs)) / n
-            out[f"val/x{mult}/boxed"] = sum(t.extraction == "boxed" for t in trajs) / n
-        return out
+        mults = [m for m, samples in sorted(self.val_samples.items()) if samples]
+        if not mults:
+            return {}
+
+        files, tokens = {}, {}  # cells are keyed by their mean document length in tokens (the report's x axis)
+        for m in mults:
+            path = os.path.join(self.out_dir, "val", "data", f"x{m}.jsonl")
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            write_samples(path, self.val_samples[m])
+            samples = self.val_samples[m]
+            tokens[m] = round(sum(count_tokens(self.backend.tokenizer, s.context) for s in samples) / len(samples))
+            files[tokens[m]] = path
+        if len(set(tokens.values())) != len(tokens):
+            raise ConfigError(f"validation multipliers {mults} give documents of the same mean length in tokens")
+        a, reward = self.cfg.agent, self.cfg.rl.reward
+        metrics = (reward,) if reward == "sub_em" else (reward, "sub_em")
+        method = MethodConfig(name="policy", kind="memory_agent", chunk_tokens=a.chunk_tokens,
+                              memory_tokens=a.memory_tokens, final_tokens=a.final_tokens,
+                              max_context_tokens=a.max_context_tokens, batch_size=a.batch_size, templates=a.templates)
+        task = TaskConfig(name="val", lengths=tuple(tokens[m] for m in mults), files=files, metrics=metrics,
+                          samples=max(len(self.val_samples[m]) for m in mults))
+        out = os.path.join(self.out_dir, "val", f"step_{self.step:06d}")
+        ecfg = EvalConfig(methods=(method,), tasks=(task,), name=f"validation step {self.step}", output=out,
+                          seed=self.cfg.run.seed, temperature=a.val_temperature, top_p=a.val_top_p,
+                          backend={"name": "hf", "model": self.cfg.model.path, "step": self.step})
+        rows = read_results(EvalRunner(ecfg, backend=self.backend, tokenizer=self.backend.tokenizer).run())
+        res: dict[str, float] = {}
+        for m in mults:
+            rs = [r for r in rows if int(r["length"]) == tokens[m]]
+            n = len(rs)
+            res[f"val/x{m}/reward"] = sum(r["scores"][reward] for r in rs) / n
+            res[f"val/x{m}/sub_em"] = sum(r["scores"]["sub_em"] for r in rs) / n
+            res[f"val/x{m}/boxed"] = sum(r["extraction"] == "boxed" for r in rs) / n
+            res[f"val/x{m}/n_error"] = float(sum(r["status"] == "error" for r in rs))
+        return res
 
     # ------------------------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> str | None:
