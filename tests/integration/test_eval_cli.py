@@ -50,3 +50,17 @@ def test_eval_config_file_and_errors(tmp_path):
     assert r.exit_code == 2 and "--base-url" in r.output
     r = CliRunner().invoke(_app(), ["report", str(tmp_path / "missing")])
     assert r.exit_code == 2 and "not found" in r.output
+
+
+def test_eval_only_runs_named_cells(tmp_path):
+    out = tmp_path / "run"
+    args = ["eval", "--tasks", "niah_single_1,vt", "--lengths", "1K,2K", "-n", "2", "--backend", "scripted",
+            "--chunk-tokens", "1000", "--memory-tokens", "128", "--final-tokens", "64", "--max-new-tokens", "64",
+            "--max-input-tokens", "1500", "-o", str(out), "--no-report"]
+    r = CliRunner().invoke(_app(), args + ["--only", "vt:2K, niah_single_1"])
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    assert sorted({(x["task"], x["length"]) for x in rows}) == [("niah_single_1", 1024), ("niah_single_1", 2048), ("vt", 2048)]
+    assert len(rows) == 3 * 2 * 2
+    r = CliRunner().invoke(_app(), args + ["--only", "vt:4K"])
+    assert r.exit_code == 2 and "has no length 4096" in r.output

@@ -220,3 +220,20 @@ def test_hotpotqa_cell_is_built_once_and_reused(tmp_path, data_root):
     assert [r["sample_id"] for r in rows] == [s.id for s in samples] and rows[0]["length_unit"] == "docs"
     assert rows[0]["answers"] == ["yes"] and rows[0]["scores"]["strict_boxed"] == 1.0  # first dev question
     assert rows[0]["context_tokens"] == len(samples[0].context.encode())  # bytes tokenizer
+
+
+def test_only_runs_cells_in_pieces_and_matches_one_run(tmp_path):
+    full = read_results(EvalRunner(_config(tmp_path, out="full"), backend=ScriptedBackend(responder=responder)).run())
+    cfg = _config(tmp_path, out="pieces")
+    first = read_results(EvalRunner(cfg, backend=ScriptedBackend(responder=responder)).run(only=[("toy", 200)]))
+    assert {(r["method"], r["length"]) for r in first} == {("memagent", 200), ("direct", 200)} and len(first) == 8
+    rest = ScriptedBackend(responder=responder)
+    rows = read_results(EvalRunner(cfg, backend=rest).run(only=[("toy", None)]))
+    assert {r.request_id.split("/")[0] for batch in rest.calls for r in batch} == set(GOLD)  # only length 100 ran
+    assert len(rows) == 16
+    key = lambda r: (r["method"], r["length"], r["sample_id"], r["response"], r["score"])  # noqa: E731
+    assert sorted(map(key, rows)) == sorted(map(key, full))
+    with pytest.raises(ConfigError, match="no length 300"):
+        EvalRunner(cfg, backend=ScriptedBackend(responder=responder)).run(only=[("toy", 300)])
+    with pytest.raises(ConfigError, match="task 'vt' is not in the grid"):
+        EvalRunner(cfg, backend=ScriptedBackend(responder=responder)).run(only=[("vt", None)])

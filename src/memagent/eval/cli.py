@@ -76,6 +76,7 @@ def eval_command(
     data_root: Optional[Path] = typer.Option(None, "--data-root"),
     retry_errors: bool = typer.Option(False, "--retry-errors", help="re-run samples whose earlier row is an error"),
     no_report: bool = typer.Option(False, "--no-report", help="skip writing summary.md/csv/png at the end"),
+    only: Optional[str] = typer.Option(None, "--only", help="run only these cells now, e.g. 'vt:8K,hotpotqa' (task[:length], comma-separated); the rest stay for a later call"),
 ):
     """Evaluate methods over tasks and lengths; resumable (re-run the same command to continue)."""
     from dataclasses import replace
@@ -94,13 +95,24 @@ def eval_command(
                                 chunk_tokens, memory_tokens, final_tokens, max_input_tokens, max_new_tokens, batch_size,
                                 seed, temperature, top_p, tokenizer, data_root, base_url, api_key_env, concurrency)
         runner = EvalRunner(cfg, log=lambda msg: typer.echo(msg, err=True), retry_errors=retry_errors)
-        results = runner.run()
+        results = runner.run(_parse_only(only) if only else None)
         typer.echo(str(results))
         if not no_report:
             for p in write_report([cfg.output]):
                 typer.echo(str(p))
     except MemagentError as e:
         _fail(e)
+
+
+def _parse_only(text: str) -> list[tuple[str, int | None]]:
+    """``'vt:8K,hotpotqa:50'`` -> ``[("vt", 8192), ("hotpotqa", 50)]``; a bare task name means all its lengths."""
+    from memagent.data.cli import parse_ints
+
+    out: list[tuple[str, int | None]] = []
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        name, _, length = item.partition(":")
+        out.append((name.strip(), parse_ints(length, "--only")[0] if length else None))
+    return out
 
 
 def report_command(

@@ -217,13 +217,20 @@ class EvalRunner:
             manifest["started_at"] = old.get("started_at", manifest["started_at"])
         path.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
-    def run(self) -> Path:
+    def run(self, only: Sequence[tuple[str, int | None]] | None = None) -> Path:
         """Run every cell not yet complete; returns the path of ``results.jsonl``.
 
+        Args:
+            only: restrict this call to these ``(task, length)`` cells (``length=None``: every length of the
+                task), run in the grid's order; the other cells are left for a later call. Lets a long grid be
+                run in pieces, in any order, into one run folder.
+
         Raises:
-            ConfigError: the run folder holds rows of a differently configured method of the same name.
+            ConfigError: the run folder holds rows of a differently configured method of the same name, or
+                ``only`` names a task or length not in the grid.
             DataError: a cell's data cannot be built or read.
         """
+        selected = self._select(only)
         writer = ResultWriter(self.run_dir / "results.jsonl")
         try:
             for m in self.config.methods:
@@ -236,6 +243,8 @@ class EvalRunner:
             self.write_manifest()
             for task in self.config.tasks:
                 for length in task.lengths:
+                    if selected is not None and (task.name, length) not in selected:
+                        continue
                     samples = self.cell_samples(task, length)
                     for method in self.config.methods:
                         todo = [s for s in samples if self._needs_run(writer, method, task, length, s)]
@@ -245,6 +254,19 @@ class EvalRunner:
         finally:
             writer.close()
         return self.run_dir / "results.jsonl"
+
+    def _select(self, only: Sequence[tuple[str, int | None]] | None) -> set[tuple[str, int]] | None:
+        if only is None:
+            return None
+        grid = {t.name: t.lengths for t in self.config.tasks}
+        out: set[tuple[str, int]] = set()
+        for name, length in only:
+            if name not in grid:
+                raise ConfigError(f"only: task {name!r} is not in the grid (tasks: {', '.join(grid)})")
+            if length is not None and length not in grid[name]:
+                raise ConfigError(f"only: task {name!r} has no length {length} (lengths: {list(grid[name])})")
+            out.update((name, n) for n in grid[name] if length is None or n == length)
+        return out
 
     def _needs_run(self, writer: ResultWriter, method: MethodConfig, task: TaskConfig, length: int, s: Sample) -> bool:
         status = writer.done.get((method.name, task.name, length, s.id))
