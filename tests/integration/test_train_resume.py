@@ -8,6 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from memagent.errors import ConfigError  # noqa: E402
 from memagent.train.config import load_config  # noqa: E402
 from memagent.train.synthetic import needle_samples  # noqa: E402
 from memagent.train.trainer import Trainer  # noqa: E402
@@ -63,3 +64,26 @@ def test_kill_and_resume_matches_uninterrupted(tmp_path):
     assert lines[0]["lr"] == pytest.approx(1e-2) and "pg/clip_frac" in lines[0] and "kl/mean" in lines[0]
     assert (tmp_path / "full" / "policy" / "config.json").exists()
     assert list((tmp_path / "full" / "tb").iterdir())
+
+
+def test_resume_redoes_steps_after_the_checkpoint_without_duplicate_rows(tmp_path):
+    full = _run(tmp_path / "full")
+    ckpts = sorted((tmp_path / "full" / "checkpoints").iterdir())
+    assert [p.name for p in ckpts] == ["step_000001.pt", "step_000002.pt"]
+    ckpts[-1].unlink()  # killed after step 2 was logged, before its checkpoint was written
+    redone = _run(tmp_path / "full")
+    lines = [json.loads(x) for x in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [1, 2]  # step 2's first row was dropped, not repeated
+    a, b = _params(full), _params(redone)
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=0)
+
+
+def test_resume_refuses_changed_settings_and_restart_refuses_old_run(tmp_path):
+    _run(tmp_path / "cut", "run.stop_after_step=1")
+    with pytest.raises(ConfigError, match=r"optim.lr: 0.01 -> 0.5"):
+        _run(tmp_path / "cut", "optim.lr=0.5")
+    with pytest.raises(ConfigError, match="already holds a training run"):
+        _run(tmp_path / "cut", "run.resume=false")
+    resumed = _run(tmp_path / "cut", "run.total_steps=3", "run.torch_threads=1")  # run length may change
+    assert resumed.step == 3

@@ -35,6 +35,9 @@ def test_overrides_and_types():
     (["rl.mini_batches=100"], "must not exceed the trajectories per step"),
     (["optim.lr"], "is not key=value"),
     (["run.tensorboard=maybe"], "must be true or false"),
+    (["data.synthetic_train_size=0"], "synthetic_train_size must be >= 1"),
+    (["data.val_context_multipliers=[1, 0]"], "val_context_multipliers must be whole numbers >= 1"),
+    (["rl.agg_mode=seq-mean-token-sum-norm"], "needs rl.horizon_tokens"),
 ])
 def test_bad_settings_are_named(override, message):
     with pytest.raises(ConfigError, match=message):

@@ -20,6 +20,9 @@ def test_validation_table_values():
         "| 2 | 75.0 | 25.0 |",
     ]
     assert validation_table([{"step": 1, "reward/mean": 0}]) == "(no validation rows)\n"
+    counted = validation_table([{"step": 3, "val/x2/sub_em": 0.25, "val/x2/n_error": 3.0}])
+    assert counted.splitlines()[2] == "| 3 | 3 | 25.0 |"  # n_error is a count, not a percentage
+    assert "`x2`: held-out samples at 2x the training context length" in counted
 
 
 def test_curves_from_files(tmp_path):
@@ -36,6 +39,8 @@ def test_curves_from_files(tmp_path):
         read_metrics(run)
     with pytest.raises(DataError, match="no metrics.jsonl"):
         read_metrics(tmp_path)
+    with pytest.raises(SystemExit, match="error: no metrics.jsonl"):
+        main([str(tmp_path / "missing"), str(tmp_path / "out")])
 
 
 def test_reward_choices():

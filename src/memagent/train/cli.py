@@ -27,7 +27,11 @@ def train_command(
         trainer = Trainer(cfg, info)
         last = trainer.fit()
         if info.is_main:
-            typer.echo(json.dumps({k: v for k, v in last.items()}, indent=None))
+            if last:
+                typer.echo(json.dumps(last, indent=None))
+            else:
+                typer.echo(f"nothing to do: {cfg.run.output_dir} is at step {trainer.step} of run.total_steps="
+                           f"{cfg.run.total_steps} (raise run.total_steps to train further)", err=True)
         shutdown()
     except MemagentError as e:
         typer.secho(f"error: {e}", fg="red", err=True)

@@ -176,6 +176,12 @@ class TrainConfig:
             (o.micro_batch_tokens >= 1, "optim.micro_batch_tokens must be >= 1"),
             (r.total_steps >= 1, "run.total_steps must be >= 1"),
             (self.data.synthetic is not None or self.data.train_path, "set data.train_path or data.synthetic"),
+            (self.data.train_path or self.data.synthetic_train_size >= 1, "data.synthetic_train_size must be >= 1"),
+            (all(m >= 1 for m in self.data.val_context_multipliers),
+             "data.val_context_multipliers must be whole numbers >= 1 (1 = the training length)"),
+            (rl.agg_mode != "seq-mean-token-sum-norm" or (rl.horizon_tokens or 0) >= 1,
+             "rl.agg_mode=seq-mean-token-sum-norm needs rl.horizon_tokens (the constant response horizon in "
+             "tokens, e.g. the memory cap); without it the divisor would be each micro-batch's padded width"),
         ]
         for ok, msg in checks:
             if not ok:

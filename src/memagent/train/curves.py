@@ -44,9 +44,17 @@ def validation_table(rows: list[dict]) -> str:
     rule = "|---|" + "---|" * len(keys)
     lines = [head, rule]
     for r in vals:
-        cells = [f"{100 * r[k]:.1f}" if isinstance(r.get(k), (int, float)) else "" for k in keys]
+        cells = [_cell(k, r.get(k)) for k in keys]
         lines.append(f"| {r['step']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n\nValues in %. `x1`/`x4`: held-out samples at 1x / 4x the training context length.\n"
+    mults = sorted({k.split("/")[1] for k in keys})
+    return ("\n".join(lines) + "\n\nScores in %; `n_error` is a count of samples. " +
+            ", ".join(f"`{m}`: held-out samples at {m[1:]}x" for m in mults) + " the training context length.\n")
+
+
+def _cell(key: str, value) -> str:
+    if not isinstance(value, (int, float)):
+        return ""
+    return str(int(value)) if key.endswith("/n_error") else f"{100 * value:.1f}"
 
 
 def plot_rewards(rows: list[dict], out_png: str | os.PathLike, window: int = 5) -> None:
@@ -82,7 +90,10 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
         raise SystemExit("usage: python -m memagent.train.curves RUN_DIR OUT_DIR")
-    rows = read_metrics(args[0])
+    try:
+        rows = read_metrics(args[0])
+    except DataError as e:
+        raise SystemExit(f"error: {e}") from None
     out = Path(args[1])
     out.mkdir(parents=True, exist_ok=True)
     plot_rewards(rows, out / "reward_curve.png")

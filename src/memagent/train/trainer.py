@@ -127,8 +127,15 @@ class Trainer:
         self.skipped_updates = 0
         self.out_dir = cfg.run.output_dir
         self.ckpt_dir = os.path.join(self.out_dir, "checkpoints")
+        if not cfg.run.resume and (glob.glob(os.path.join(self.ckpt_dir, "step_*.pt"))
+                                   or os.path.exists(os.path.join(self.out_dir, "metrics.jsonl"))):
+            raise ConfigError(f"run.output_dir {self.out_dir!r} already holds a training run (metrics.jsonl or "
+                              "checkpoints); choose another run.output_dir to start over, or set run.resume=true to "
+                              "continue it (nothing is deleted)")
         if cfg.run.resume:
-            self.load_latest()
+            loaded = self.load_latest()
+            if self.dist.is_main:  # rows after the checkpoint (all rows if none) are redone: drop them
+                self._drop_metrics_after(self.step if loaded else -1)
         self._writer = None
 
     # ------------------------------------------------------------------------------------------ agent
@@ -318,11 +325,22 @@ class Trainer:
         return path
 
     def load_latest(self) -> bool:
-        """Resume from the newest checkpoint in ``output_dir`` if any; returns whether one was loaded."""
+        """Resume from the newest checkpoint in ``output_dir`` if any; returns whether one was loaded.
+
+        Raises:
+            ConfigError: the checkpoint was made with other settings than ``cfg`` in keys that change what is
+                trained (anything but the run length, logging, checkpoint cadence and memory/speed knobs listed
+                in :data:`RESUMABLE_CHANGES`): a resumed run would otherwise mix two configurations.
+        """
         found = sorted(glob.glob(os.path.join(self.ckpt_dir, "step_*.pt")))
         if not found:
             return False
         state = torch.load(found[-1], map_location=self.dist.device, weights_only=False)
+        changed = config_changes(state.get("config", {}), config_to_dict(self.cfg))
+        if changed:
+            listing = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changed[:8])
+            raise ConfigError(f"{found[-1]} was saved with other settings ({listing}); resume with the checkpoint's "
+                              "settings, or choose another run.output_dir to start a new run")
         self.policy.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -330,6 +348,26 @@ class Trainer:
         self.step = int(state["step"])
         self.skipped_updates = int(state.get("skipped_updates", 0))
         return True
+
+    def _drop_metrics_after(self, step: int) -> None:
+        """On resume, cut ``metrics.jsonl`` rows of steps after the checkpoint (they are about to be redone)."""
+        path = os.path.join(self.out_dir, "metrics.jsonl")
+        if not os.path.exists(path):
+            return
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+        keep = []
+        for line in lines:
+            try:
+                if int(json.loads(line).get("step", 0)) <= step:
+                    keep.append(line)
+            except (json.JSONDecodeError, AttributeError):  # a line torn by the kill
+                continue
+        if len(keep) != len(lines):
+            tmp = path + ".tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write("".join(x + "\n" for x in keep))
+            os.replace(tmp, path)
 
     # ------------------------------------------------------------------------------------------- loop
     def log(self, metrics: dict[str, Any]) -> None:
@@ -343,7 +381,8 @@ class Trainer:
             if self._writer is None:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self._writer = SummaryWriter(os.path.join(self.out_dir, "tb"))
+                # purge_step: TensorBoard hides events of steps redone after a resume
+                self._writer = SummaryWriter(os.path.join(self.out_dir, "tb"), purge_step=self.step or None)
             for k, v in metrics.items():
                 if isinstance(v, (int, float)) and k != "step":
                     self._writer.add_scalar(k, v, int(metrics.get("step", self.step)))
@@ -381,6 +420,28 @@ class Trainer:
         if self._writer is not None:
             self._writer.close()
         return last
+
+
+#: Settings a resumed run may change: run length, logging, checkpoint cadence, and knobs that only trade
+#: memory for speed. Anything else changes what is trained and must match the checkpoint.
+RESUMABLE_CHANGES = frozenset({
+    "run.total_steps", "run.stop_after_step", "run.save_every", "run.val_every", "run.val_before_train",
+    "run.keep_checkpoints", "run.tensorboard", "run.torch_threads", "run.resume",
+    "model.logprob_chunk_tokens", "model.gradient_checkpointing", "optim.micro_batch_tokens",
+})
+
+
+def config_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """``(dotted key, old, new)`` for every setting that differs, except :data:`RESUMABLE_CHANGES`."""
+    out = []
+    for k in sorted(set(old) | set(new)):
+        key = prefix + k
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out.extend(config_changes(a, b, key + "."))
+        elif a != b and key not in RESUMABLE_CHANGES:
+            out.append((key, a, b))
+    return out
 
 
 def _seed_everything(seed: int) -> None:
