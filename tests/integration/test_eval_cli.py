@@ -64,3 +64,18 @@ def test_eval_only_runs_named_cells(tmp_path):
     assert len(rows) == 3 * 2 * 2
     r = CliRunner().invoke(_app(), args + ["--only", "vt:4K"])
     assert r.exit_code == 2 and "has no length 4096" in r.output
+
+
+def test_eval_exits_1_when_a_sample_failed(tmp_path):
+    from memagent.data.io import write_samples
+    from memagent.types import Sample
+
+    data = tmp_path / "q.jsonl"
+    write_samples(data, [Sample("ok", "Q?", "doc", ("a",)), Sample("long", "Q" * 9000, "doc", ("a",))])
+    cfg = tmp_path / "grid.yaml"
+    cfg.write_text(f"output: {tmp_path / 'run'}\nbackend: {{name: scripted, context_tokens: 4096}}\n"
+                   "methods: [{name: m, chunk_tokens: 500, memory_tokens: 64, final_tokens: 64}]\n"
+                   f"tasks: [{{name: t, lengths: ['1'], samples: 2, files: {{1: {data}}}}}]\n")
+    r = CliRunner().invoke(_app(), ["eval", "--config", str(cfg), "--no-report"])
+    assert r.exit_code == 1 and "1 of 2 samples failed" in r.output
+    assert len((tmp_path / "run" / "results.jsonl").read_text().splitlines()) == 2

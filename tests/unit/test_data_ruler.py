@@ -149,6 +149,17 @@ def test_build_files_and_cli(tmp_path, gguf_tokenizer, data_root):
     )
     assert r.exit_code == 0, r.output
     assert len((out / "hotpotqa_12docs.jsonl").read_text().splitlines()) == 2
+    bad = [
+        (["hotpotqa", "--docs", "12", "-n", "1", "--split", "test"], "--split must be dev or train"),
+        (["hotpotqa", "--docs", "12", "-n", "1", "--start", "-5"], "need --start >= 0"),
+        (["hotpotqa", "--docs", "12", "-n", "0"], "--samples >= 1"),
+        (["ruler", "--task", "niah_single_2", "-l", "2K", "-n", "1", "--haystack", "gutenbrg"], "essay .* or gutenberg"),
+        (["ruler", "--task", "vt", "-l", "2K", "-n", "0"], "--samples must be >= 1"),
+    ]
+    for args, message in bad:
+        r = CliRunner().invoke(app, args + ["-o", str(tmp_path / "bad"), "--tokenizer", "bytes"])
+        assert r.exit_code == 2 and re.search(message, r.output), (args, r.output)
+    assert not (tmp_path / "bad").exists()
 
 
 def test_same_seed_same_bytes(tmp_path, gguf_tokenizer):

@@ -78,3 +78,13 @@ def test_report_two_runs(tmp_path):
 def test_markdown_marks_errors_and_empties():
     cells = summarize([_row("m", "t", 1024, "a", 1.0), _row("m", "t", 1024, "b", 0.0, status="error")])
     assert "| 1K | 50.0 ± 50.0 (n=2, err=1, empty=0) |" in markdown_table([("m", c) for c in cells])
+
+
+def test_runs_with_same_name_and_folder_name_stay_apart(tmp_path):
+    _write_run(tmp_path / "a" / "val" / "s", [_row("policy", "val", 100, x, 1.0) for x in "pq"], "same")
+    _write_run(tmp_path / "b" / "val" / "s", [_row("policy", "val", 100, "p", 0.0)], "same")
+    write_report([tmp_path / "a" / "val" / "s", tmp_path / "b" / "val" / "s"], tmp_path / "out", plot=False)
+    rows = {r["method"]: r for r in csv.DictReader(open(tmp_path / "out" / "summary.csv"))}
+    assert set(rows) == {"a/val/s/policy", "b/val/s/policy"}
+    assert (rows["a/val/s/policy"]["n"], rows["a/val/s/policy"]["mean_pct"]) == ("2", "100.0")
+    assert (rows["b/val/s/policy"]["n"], rows["b/val/s/policy"]["mean_pct"]) == ("1", "0.0")

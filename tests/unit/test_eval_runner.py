@@ -172,11 +172,33 @@ def test_budget_failure_is_an_error_row(tmp_path):
     write_samples(path, [Sample("ok", "Q?", "doc", ("a",)), Sample("long", "Q" * 9000, "doc", ("a",))])
     cfg = EvalConfig.from_dict({
         "output": str(tmp_path / "b"), "backend": {"name": "scripted", "context_tokens": 4096},
-        "methods": [{"name": "m", "chunk_tokens": 500, "memory_tokens": 64, "final_tokens": 64}],
+        "methods": [{"name": "m", "chunk_tokens": 500, "memory_tokens": 64, "final_tokens": 64},
+                    {"name": "d", "kind": "direct", "max_input_tokens": 2000, "max_new_tokens": 64}],
         "tasks": [{"name": "t", "lengths": [1], "samples": 2, "files": {1: str(path)}}],
     })
-    rows = {r["sample_id"]: r for r in read_results(EvalRunner(cfg, backend=ScriptedBackend(context_tokens=4096)).run())}
-    assert rows["ok"]["status"] == "ok" and rows["long"]["status"] == "error" and "context window" in rows["long"]["error"]
+    rows = read_results(EvalRunner(cfg, backend=ScriptedBackend(context_tokens=4096)).run())
+    agent = {r["sample_id"]: r for r in rows if r["method"] == "m"}
+    direct = {r["sample_id"]: r for r in rows if r["method"] == "d"}
+    assert agent["ok"]["status"] == "ok" and agent["long"]["status"] == "error" and "context window" in agent["long"]["error"]
+    assert direct["ok"]["status"] == "ok" and direct["long"]["status"] == "error"
+    assert "over the prompt cap of 2000 tokens" in direct["long"]["error"]
+
+
+@pytest.mark.parametrize("method, message", [
+    ({"name": "m", "chunk_tokens": 5000, "memory_tokens": 64, "final_tokens": 64}, "method 'm': .*update call needs"),
+    ({"name": "d", "kind": "direct", "max_input_tokens": 4000, "max_new_tokens": 200}, "4000 \\+ max_new_tokens 200 exceeds"),
+    ({"name": "d", "kind": "direct", "max_new_tokens": 4096}, "leaves no room for a prompt"),
+])
+def test_impossible_methods_fail_before_any_row(tmp_path, method, message):
+    path = tmp_path / "q.jsonl"
+    write_samples(path, [Sample("ok", "Q?", "doc", ("a",))])
+    cfg = EvalConfig.from_dict({
+        "output": str(tmp_path / "b"), "backend": {"name": "scripted", "context_tokens": 4096}, "methods": [method],
+        "tasks": [{"name": "t", "lengths": [1], "samples": 1, "files": {1: str(path)}}],
+    })
+    with pytest.raises(ConfigError, match=message):
+        EvalRunner(cfg, backend=ScriptedBackend(context_tokens=4096)).run()
+    assert not (tmp_path / "b" / "results.jsonl").read_text()
 
 
 def test_result_writer_repairs_torn_tail(tmp_path):

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from memagent.errors import MemagentError
+from memagent.errors import ConfigError, MemagentError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Build benchmark data (RULER-HotpotQA, RULER tasks).")
 
@@ -55,7 +55,7 @@ def parse_ints(text: str | None, option: str) -> list[int]:
         try:
             v = int(s) * mult
         except ValueError:
-            raise ConfigError(f"{option}: {item!r} is not a whole number (e.g. {option} 8192,16384 or 8K,16K)") from None
+            raise ConfigError(f"{option}: {item!r} is not a whole number (write sizes like 8192 or 8K, comma-separated)") from None
         if v < 1:
             raise ConfigError(f"{option}: sizes must be positive, got {item!r}")
         out.append(v)
@@ -85,6 +85,10 @@ def hotpotqa_command(
     from memagent.data.hotpotqa import build_hotpotqa
 
     try:
+        if split not in ("dev", "train"):
+            raise ConfigError(f"--split must be dev or train, got {split!r}")
+        if start < 0 or samples < 1:
+            raise ConfigError(f"need --start >= 0 and --samples >= 1, got --start {start} --samples {samples}")
         files = build_hotpotqa(
             out, resolve_tokenizer(tokenizer), num_docs=parse_ints(docs, "--docs"), target_tokens=parse_ints(tokens, "--tokens"),
             num_samples=samples, seed=seed, split=split, data_root=data_root, allow_reuse=allow_reuse, start=start,
@@ -113,6 +117,10 @@ def ruler_command(
 
     names = {"all": list(ALL_TASKS), "memagent": list(MEMAGENT_TASKS)}.get(task) or [t.strip() for t in task.split(",") if t.strip()]
     try:
+        if haystack not in (None, "essay", "gutenberg"):
+            raise ConfigError(f"--haystack must be essay (the default) or gutenberg, got {haystack!r}")
+        if samples < 1:
+            raise ConfigError(f"--samples must be >= 1, got {samples}")
         files = build_ruler(
             out, names, parse_ints(lengths, "--lengths"), resolve_tokenizer(tokenizer), num_samples=samples, seed=seed,
             haystack=haystack, data_root=data_root,

@@ -100,8 +100,16 @@ def eval_command(
         if not no_report:
             for p in write_report([cfg.output]):
                 typer.echo(str(p))
+        from memagent.eval.metrics import read_results
+
+        rows = read_results(results)
+        failed = sum(r["status"] == "error" for r in rows)
     except MemagentError as e:
         _fail(e)
+    if failed:  # like `memagent run`: exit status 1 when any sample failed (the rows are kept and counted)
+        typer.secho(f"{failed} of {len(rows)} samples failed (status=error rows in {results}; they score 0; "
+                    "rerun with --retry-errors to try them again)", fg="yellow", err=True)
+        raise typer.Exit(1)
 
 
 def _parse_only(text: str) -> list[tuple[str, int | None]]:

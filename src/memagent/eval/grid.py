@@ -158,7 +158,7 @@ class EvalConfig:
         for i, t in enumerate(d.get("tasks") or []):
             t = dict(t)
             if "lengths" in t:
-                t["lengths"] = tuple(int(x) for x in t["lengths"])
+                t["lengths"] = _lengths(t["lengths"], f"{where}: tasks[{i}].lengths")
             if "metrics" in t:
                 t["metrics"] = tuple(t["metrics"])
             if "files" in t:
@@ -191,6 +191,20 @@ class EvalConfig:
         under another hash must not be mixed into this run."""
         blob = json.dumps([asdict(method), self.backend, self.tokenizer, self.temperature, self.top_p, self.seed], sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def _lengths(values: Any, where: str) -> tuple[int, ...]:
+    """``[8192, "16K"]`` -> ``(8192, 16384)``: whole numbers, or strings with a K/M suffix like the CLI's."""
+    from memagent.data.cli import parse_ints
+
+    if not isinstance(values, (list, tuple)):
+        values = [values]
+    out = []
+    for x in values:
+        if isinstance(x, bool) or not isinstance(x, (int, str)):
+            raise ConfigError(f"{where}: {x!r} is not a length (use whole numbers like 8192 or 8K)")
+        out.extend(parse_ints(str(x), where))
+    return tuple(out)
 
 
 def _check_keys(d: dict[str, Any], cls: type, where: str) -> None:

@@ -35,9 +35,20 @@ def load_runs(run_dirs: Sequence[str | os.PathLike]) -> list[tuple[str, list[Cel
         manifest = json.loads(manifest_path.read_text(encoding="utf-8")) if manifest_path.is_file() else {}
         runs.append((manifest.get("name") or p.name, summarize(read_results(p / "results.jsonl")), manifest))
     labels = [r[0] for r in runs]
-    if len(set(labels)) != len(labels):  # two runs with one name: fall back to folder names
-        runs = [(Path(d).name, s, m) for d, (_, s, m) in zip(run_dirs, runs)]
+    if len(set(labels)) != len(labels):  # two runs with one name: the shortest distinct folder path endings
+        labels = _distinct_labels([Path(d).resolve() for d in run_dirs])
+        runs = [(label, s, m) for label, (_, s, m) in zip(labels, runs)]
     return runs
+
+
+def _distinct_labels(paths: list[Path]) -> list[str]:
+    """``[a/x/s, b/x/s]`` -> ``["a/x/s", "b/x/s"]``: the fewest trailing path parts that tell runs apart."""
+    depth = max(len(p.parts) for p in paths)
+    for k in range(1, depth + 1):
+        labels = ["/".join(p.parts[-k:]) for p in paths]
+        if len(set(labels)) == len(labels):
+            return labels
+    return [f"{p.name}#{i + 1}" for i, p in enumerate(paths)]  # the same folder given twice
 
 
 def _series(runs) -> list[tuple[str, CellSummary]]:

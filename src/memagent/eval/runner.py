@@ -240,6 +240,7 @@ class EvalRunner:
                         f"{self.run_dir}/results.jsonl holds rows of method {m.name!r} made with other settings "
                         f"(hash {sorted(old)[0]}); use a new --output folder or rename the method"
                     )
+            self.check_methods()
             self.write_manifest()
             for task in self.config.tasks:
                 for length in task.lengths:
@@ -254,6 +255,43 @@ class EvalRunner:
         finally:
             writer.close()
         return self.run_dir / "results.jsonl"
+
+    def check_methods(self) -> None:
+        """Refuse, before any row is written, a method that cannot fit the backend's context window whatever the
+        sample (agent: chunk + memory + caps; direct: prompt cap + answer cap).
+
+        Raises:
+            ConfigError: naming the method, the sum that does not fit and the settings to change.
+        """
+        window = self.backend.context_tokens
+        for m in self.config.methods:
+            if m.kind == "memory_agent":
+                try:
+                    self._make_agent(m).check_budget("", "(even with an empty question)")
+                except ConfigError as e:
+                    raise ConfigError(f"method {m.name!r}: {e}") from None
+            elif m.max_input_tokens is not None:
+                if m.max_input_tokens < 1:
+                    raise ConfigError(f"method {m.name!r}: max_input_tokens must be >= 1, got {m.max_input_tokens}")
+                if window is not None and m.max_input_tokens + m.max_new_tokens > window:
+                    raise ConfigError(
+                        f"method {m.name!r}: max_input_tokens {m.max_input_tokens} + max_new_tokens {m.max_new_tokens} "
+                        f"exceeds the context window of {self.backend.name} ({window} tokens); lower one of them")
+            elif window is not None and window - m.max_new_tokens < 1:
+                raise ConfigError(f"method {m.name!r}: max_new_tokens {m.max_new_tokens} leaves no room for a prompt in "
+                                  f"the context window of {self.backend.name} ({window} tokens)")
+
+    def _make_agent(self, method: MethodConfig):
+        from memagent.agent.loop import AgentConfig, MemoryAgent
+        from memagent.agent.prompts import DEFAULT_TEMPLATES, PromptTemplates
+
+        cfg = AgentConfig(
+            chunk_tokens=method.chunk_tokens, memory_tokens=method.memory_tokens, final_tokens=method.final_tokens,
+            max_context_tokens=method.max_context_tokens, temperature=self.config.temperature, top_p=self.config.top_p,
+            seed=self.config.seed, batch_size=method.batch_size,
+        )
+        templates = PromptTemplates.from_file(method.templates) if method.templates else DEFAULT_TEMPLATES
+        return MemoryAgent(self.backend, cfg, templates, tokenizer=self.tokenizer)
 
     def _select(self, only: Sequence[tuple[str, int | None]] | None) -> set[tuple[str, int]] | None:
         if only is None:
@@ -281,16 +319,9 @@ class EvalRunner:
             self._run_direct(writer, method, samples, base, metrics)
 
     def _run_agent(self, writer, method: MethodConfig, samples, base, metrics, cell: str) -> None:
-        from memagent.agent.loop import AgentConfig, MemoryAgent, write_trace
-        from memagent.agent.prompts import DEFAULT_TEMPLATES, PromptTemplates
+        from memagent.agent.loop import write_trace
 
-        cfg = AgentConfig(
-            chunk_tokens=method.chunk_tokens, memory_tokens=method.memory_tokens, final_tokens=method.final_tokens,
-            max_context_tokens=method.max_context_tokens, temperature=self.config.temperature, top_p=self.config.top_p,
-            seed=self.config.seed, batch_size=method.batch_size,
-        )
-        templates = PromptTemplates.from_file(method.templates) if method.templates else DEFAULT_TEMPLATES
-        agent = MemoryAgent(self.backend, cfg, templates, tokenizer=self.tokenizer)
+        agent = self._make_agent(method)
         trace_rel = f"traces/{method.name}/{cell}.jsonl"
         (self.run_dir / trace_rel).parent.mkdir(parents=True, exist_ok=True)
         runnable = []
@@ -317,7 +348,16 @@ class EvalRunner:
             budget = self.backend.context_tokens - method.max_new_tokens
         for i in range(0, len(samples), method.batch_size):
             batch = samples[i : i + method.batch_size]
-            prepared = [self._direct_prompt(s, budget) for s in batch]
+            prepared = []
+            for s in batch:  # a question too long for the cap is one bad sample (an error row), not a crashed run
+                try:
+                    prepared.append((s, self._direct_prompt(s, budget)))
+                except ConfigError as e:
+                    writer.write(make_row(base, s, metrics, error=str(e)))
+            batch = [s for s, _ in prepared]
+            prepared = [p for _, p in prepared]
+            if not batch:
+                continue
             requests = [
                 Request((Message("user", text),), method.max_new_tokens, self.config.temperature, self.config.top_p, self._seed(s.id), f"{s.id}/direct")
                 for s, (text, _) in zip(batch, prepared)
@@ -344,7 +384,10 @@ class EvalRunner:
         fixed = self.backend.count_prompt_tokens((Message("user", empty),))
         if fixed is None:
             fixed = count_tokens(self.tokenizer, empty) + DEFAULT_CHAT_OVERHEAD_TOKENS
-        doc, n = center_truncate(s.context, self.tokenizer, max(2, budget - fixed - 2))
+        if budget - fixed - 2 < 2:  # center truncation keeps at least one head and one tail token
+            raise ConfigError(f"sample {s.id}: the direct prompt without any document is {fixed} tokens, over the "
+                              f"prompt cap of {budget} tokens: raise max_input_tokens or shorten the question")
+        doc, n = center_truncate(s.context, self.tokenizer, budget - fixed - 2)
         return DIRECT_TEMPLATE.format(document=doc, question=s.question), n
 
     def _seed(self, sample_id: str) -> int:

@@ -73,6 +73,11 @@ def build_ruler_sample(
     Raises:
         UnknownNameError: unknown task (suggests the closest).
         DataError: the sample cannot be built (missing data, too short a length, too small a pool).
+        ConfigError: ``haystack`` is not ``essay``, ``gutenberg`` or None.
     """
+    if haystack not in (None, "essay", "gutenberg"):
+        from memagent.errors import ConfigError
+
+        raise ConfigError(f"haystack must be essay (the default) or gutenberg, got {haystack!r}")
     return RULER_TASKS.get(task)(task, length, index, tokenizer, seed=seed, haystack=haystack, data_root=data_root)
 TASKS = RULER_TASKS  # the name the main CLI lists
