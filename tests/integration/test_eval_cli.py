@@ -79,3 +79,17 @@ def test_eval_exits_1_when_a_sample_failed(tmp_path):
     r = CliRunner().invoke(_app(), ["eval", "--config", str(cfg), "--no-report"])
     assert r.exit_code == 1 and "1 of 2 samples failed" in r.output
     assert len((tmp_path / "run" / "results.jsonl").read_text().splitlines()) == 2
+
+
+def test_only_without_cells_and_report_into_a_file_are_refused(tmp_path):
+    r = CliRunner().invoke(_app(), ["eval", "--tasks", "vt", "--lengths", "1K", "-n", "1", "--backend", "scripted",
+                                    "-o", str(tmp_path / "run"), "--only", ","])
+    assert r.exit_code == 2 and "name at least one cell" in r.output
+    (tmp_path / "file").write_text("x")
+    r = CliRunner().invoke(_app(), ["eval", "--tasks", "niah_single_1", "--lengths", "2K", "-n", "1", "--backend",
+                                    "scripted", "--chunk-tokens", "1000", "--memory-tokens", "128", "--final-tokens",
+                                    "64", "--max-new-tokens", "64", "--max-input-tokens", "1500", "-o",
+                                    str(tmp_path / "run"), "--no-report"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(_app(), ["report", str(tmp_path / "run"), "--out", str(tmp_path / "file")])
+    assert r.exit_code == 2 and "is a file" in r.output

@@ -259,3 +259,13 @@ def test_only_runs_cells_in_pieces_and_matches_one_run(tmp_path):
         EvalRunner(cfg, backend=ScriptedBackend(responder=responder)).run(only=[("toy", 300)])
     with pytest.raises(ConfigError, match="task 'vt' is not in the grid"):
         EvalRunner(cfg, backend=ScriptedBackend(responder=responder)).run(only=[("vt", None)])
+
+
+def test_malformed_middle_row_is_named_on_resume(tmp_path):
+    from memagent.errors import DataError
+
+    p = tmp_path / "results.jsonl"
+    good = {"method": "m", "task": "t", "length": 1, "sample_id": "a", "status": "ok"}
+    p.write_text("not json\n" + json.dumps(good) + "\n")
+    with pytest.raises(DataError, match=r"results.jsonl:1: malformed result row"):
+        ResultWriter(p)

@@ -95,7 +95,7 @@ def eval_command(
                                 chunk_tokens, memory_tokens, final_tokens, max_input_tokens, max_new_tokens, batch_size,
                                 seed, temperature, top_p, tokenizer, data_root, base_url, api_key_env, concurrency)
         runner = EvalRunner(cfg, log=lambda msg: typer.echo(msg, err=True), retry_errors=retry_errors)
-        results = runner.run(_parse_only(only) if only else None)
+        results = runner.run(_parse_only(only) if only is not None else None)
         typer.echo(str(results))
         if not no_report:
             for p in write_report([cfg.output]):
@@ -120,6 +120,10 @@ def _parse_only(text: str) -> list[tuple[str, int | None]]:
     for item in filter(None, (x.strip() for x in text.split(","))):
         name, _, length = item.partition(":")
         out.append((name.strip(), parse_ints(length, "--only")[0] if length else None))
+    if not out:
+        from memagent.errors import ConfigError
+
+        raise ConfigError("--only: name at least one cell, e.g. --only vt:8K,hotpotqa")
     return out
 
 

@@ -166,6 +166,8 @@ def write_report(run_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLi
     if not series:
         raise DataError(f"no result rows in {', '.join(map(str, run_dirs))}")
     out = Path(out_dir) if out_dir is not None else Path(run_dirs[0])
+    if out.exists() and not out.is_dir():
+        raise DataError(f"report output {str(out)!r} is a file: give a folder with --out")
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "summary.csv", out / "summary.md"]
     write_csv(written[0], series)

@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from memagent.errors import ConfigError
+from memagent.errors import ConfigError, DataError
 from memagent.eval.grid import EvalConfig, MethodConfig, TaskConfig
 from memagent.types import Message, Request, Sample, Trajectory
 
@@ -83,11 +83,15 @@ class ResultWriter:
             with open(self.path, "r+b") as f:
                 f.truncate(keep)
             data = data[:keep]
-        for line in data.decode("utf-8").splitlines():
+        for n, line in enumerate(data.decode("utf-8").splitlines(), 1):
             if not line.strip():
                 continue
-            row = json.loads(line)
-            self.done[row_key(row)] = row["status"]
+            try:
+                row = json.loads(line)
+                key = row_key(row)
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+                raise DataError(f"{self.path}:{n}: malformed result row ({e}); fix or remove that line to resume") from None
+            self.done[key] = row["status"]
             self.hashes.setdefault(row["method"], set()).add(row.get("method_hash", ""))
 
     def write(self, row: dict[str, Any]) -> None:

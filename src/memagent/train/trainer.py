@@ -400,7 +400,9 @@ class Trainer:
             with open(os.path.join(self.out_dir, "config.json"), "w", encoding="utf-8") as f:
                 json.dump(config_to_dict(self.cfg), f, indent=1)
         if self.step == 0 and r.val_before_train and r.val_every and self.dist.is_main:
-            self.log({"step": 0, **self.validate()})
+            before = self.validate()
+            if before:
+                self.log({"step": 0, **before})
         barrier()
         last: dict[str, float] = {}
         while self.step < r.total_steps:
