@@ -67,3 +67,12 @@ def test_validation_reward_follows_rl_reward(tmp_path):
     assert res["val/x1/reward"] == res["val/x1/sub_em"]
     rows = read_results(tmp_path / "run" / "val" / "step_000000" / "results.jsonl")
     assert {tuple(r["scores"]) for r in rows} == {("sub_em",)}
+
+
+def test_validation_rows_carry_context_length(tmp_path):
+    t = _trainer(tmp_path / "run")
+    t.validate()
+    rows = read_results(tmp_path / "run" / "val" / "step_000000" / "results.jsonl")
+    tok = t.backend.tokenizer
+    want = {s.id: len(tok.encode(s.context)) for m in (1, 4) for s in t.val_samples[m]}
+    assert {r["sample_id"]: r["context_tokens"] for r in rows} == want

@@ -13,6 +13,7 @@ Source: reference-memagent.md §4.1 (hyperparameters), §4.7 (step), §4.8 (upda
 from __future__ import annotations
 
 import copy
+import dataclasses
 import glob
 import json
 import math
@@ -272,12 +273,15 @@ class Trainer:
             return {}
 
         files, tokens = {}, {}  # cells are keyed by their mean document length in tokens (the report's x axis)
+        tok = self.backend.tokenizer
         for m in mults:
             path = os.path.join(self.out_dir, "val", "data", f"x{m}.jsonl")
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            write_samples(path, self.val_samples[m])
-            samples = self.val_samples[m]
-            tokens[m] = round(sum(count_tokens(self.backend.tokenizer, s.context) for s in samples) / len(samples))
+            samples = [dataclasses.replace(s, metadata={**s.metadata, "length_tokens": count_tokens(tok, s.context),
+                                                        "tokenizer": tok.name, "length_multiplier": m})
+                       for s in self.val_samples[m]]
+            write_samples(path, samples)
+            tokens[m] = round(sum(s.metadata["length_tokens"] for s in samples) / len(samples))
             files[tokens[m]] = path
         if len(set(tokens.values())) != len(tokens):
             raise ConfigError(f"validation multipliers {mults} give documents of the same mean length in tokens")
