@@ -519,6 +519,11 @@ def _val_data(cfg: TrainConfig) -> dict[int, list]:
         return {1: read_samples(_resolve(d.val_path), limit=d.val_size)}
     if d.synthetic is None:
         return {}
+    if d.train_path:
+        import warnings
+
+        warnings.warn(f"training on {d.train_path} but validating on synthetic {d.synthetic} questions; set "
+                      "data.val_path to validate on your own data (or data.synthetic=null for none)", stacklevel=2)
     from memagent.train.synthetic import needle_samples
 
     n = min(d.synthetic_val_size, d.val_size)
