@@ -76,8 +76,9 @@ def test_eval_exits_1_when_a_sample_failed(tmp_path):
     cfg.write_text(f"output: {tmp_path / 'run'}\nbackend: {{name: scripted, context_tokens: 4096}}\n"
                    "methods: [{name: m, chunk_tokens: 500, memory_tokens: 64, final_tokens: 64}]\n"
                    f"tasks: [{{name: t, lengths: ['1'], samples: 2, files: {{1: {data}}}}}]\n")
-    r = CliRunner().invoke(_app(), ["eval", "--config", str(cfg), "--no-report"])
+    r = CliRunner().invoke(_app(), ["eval", "--config", str(cfg), "--no-report", "-n", "5", "--seed", "3"])
     assert r.exit_code == 1 and "1 of 2 samples failed" in r.output
+    assert "warning: --samples, --seed ignored: --config" in r.output
     assert len((tmp_path / "run" / "results.jsonl").read_text().splitlines()) == 2
 
 

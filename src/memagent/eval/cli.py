@@ -50,8 +50,13 @@ def _flags_config(tasks: str, lengths: str, methods: str, samples: int, output: 
     }, "command line")
 
 
+#: Flags that still apply with --config (the rest come from the grid file).
+CONFIG_COMPATIBLE_FLAGS = {"config", "output", "retry_errors", "no_report", "only"}
+
+
 def eval_command(
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML grid (configs/eval_*.yaml); flags below are ignored except --output"),
+    ctx: typer.Context,
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML grid (configs/eval_*.yaml); then only --output, --only, --retry-errors and --no-report apply"),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="run folder (default: the config's output, or runs/eval)"),
     tasks: str = typer.Option("hotpotqa", "--tasks", "-t", help="comma-separated: hotpotqa and/or RULER tasks"),
     lengths: str = typer.Option("50", "--lengths", "-l", help="hotpotqa: numbers of documents; RULER: tokens (8K,16K)"),
@@ -87,6 +92,12 @@ def eval_command(
 
     try:
         if config is not None:
+            ignored = [p.opts[0] for p in ctx.command.params if p.name not in CONFIG_COMPATIBLE_FLAGS
+                       and p.opts and ctx.get_parameter_source(p.name) is not None
+                       and ctx.get_parameter_source(p.name).name == "COMMANDLINE"]
+            if ignored:
+                typer.secho(f"warning: {', '.join(ignored)} ignored: --config {config} sets these (edit the grid "
+                            "file instead)", fg="yellow", err=True)
             cfg = EvalConfig.from_yaml(config)
             if output is not None:
                 cfg = replace(cfg, output=str(output))
