@@ -223,8 +223,8 @@ class Trainer:
         ], dtype=torch.float64))
         if ent is not None:
             entropy = sum(float(e.sum()) for e in ent) / max(1, sum(len(e) for e in ent))
-        else:  # from the training forward, aggregated like the loss
-            entropy = sums.get("entropy/mean", 0.0) / max(1, self.cfg.rl.mini_batches)
+        else:  # from the training forward: the same token mean, whatever rl.agg_mode
+            entropy = sums.get("entropy/token_sum", 0.0) / max(1.0, sums.get("tokens", 0.0))
         m = {
             "step": self.step, "lr": lr,
             "reward/mean": float(red[0] / red[2]), "reward/accuracy": float(red[1] / red[2]),

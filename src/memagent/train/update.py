@@ -70,7 +70,8 @@ def mini_batch_backward(
     Returns:
         metrics as floats: ``loss``, ``pg/loss``, ``kl/mean``, ``entropy/mean`` (mini-batch aggregates) and
         token means ``pg/clip_frac``, ``pg/dual_clip_frac``, ``pg/ratio_mean``, ``pg/approx_kl``;
-        ``tokens`` (response tokens on this rank).
+        ``tokens`` (response tokens on this rank) and, when entropy is computed, ``entropy/token_sum``
+        (unweighted sum over those tokens).
     """
     full = pad_rows(rows, pad_id)
     final = torch.tensor([r.is_final for r in rows])
@@ -105,6 +106,8 @@ def mini_batch_backward(
             )
             (loss * world_size).backward()
         n = float(m.sum())
+        if ent is not None:  # plain token sum, so the logged entropy is a token mean whatever the aggregation
+            sums["entropy/token_sum"] = sums.get("entropy/token_sum", 0.0) + float((ent.detach() * m).sum())
         sums["loss"] = sums.get("loss", 0.0) + float(loss.detach())
         for key, val in metrics.items():
             scale = 1.0 if key in ("pg/loss", "kl/mean", "entropy/mean") else n
