@@ -85,5 +85,8 @@ def test_resume_refuses_changed_settings_and_restart_refuses_old_run(tmp_path):
         _run(tmp_path / "cut", "optim.lr=0.5")
     with pytest.raises(ConfigError, match="already holds a training run"):
         _run(tmp_path / "cut", "run.resume=false")
-    resumed = _run(tmp_path / "cut", "run.total_steps=3", "run.torch_threads=1")  # run length may change
+    import shutil
+
+    shutil.move(tmp_path / "cut", tmp_path / "moved")  # a moved run folder resumes
+    resumed = _run(tmp_path / "moved", "run.total_steps=3", "run.torch_threads=1")  # run length may change
     assert resumed.step == 3

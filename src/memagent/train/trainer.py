@@ -428,11 +428,11 @@ class Trainer:
         return last
 
 
-#: Settings a resumed run may change: run length, logging, checkpoint cadence, and knobs that only trade
-#: memory for speed. Anything else changes what is trained and must match the checkpoint.
+#: Settings a resumed run may change: run length, logging, checkpoint cadence, the folder (a moved run) and
+#: knobs that only trade memory for speed. Anything else changes what is trained and must match the checkpoint.
 RESUMABLE_CHANGES = frozenset({
     "run.total_steps", "run.stop_after_step", "run.save_every", "run.val_every", "run.val_before_train",
-    "run.keep_checkpoints", "run.tensorboard", "run.torch_threads", "run.resume",
+    "run.keep_checkpoints", "run.tensorboard", "run.torch_threads", "run.resume", "run.output_dir",
     "model.logprob_chunk_tokens", "model.gradient_checkpointing", "optim.micro_batch_tokens",
 })
 
