@@ -14,7 +14,9 @@ document cannot inject special tokens into a prompt.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
@@ -176,7 +178,8 @@ class LlamaCppTokenizer:
         if not os.path.isfile(path):
             raise ConfigError(f"GGUF file not found: {os.fspath(path)!r}")
         try:
-            llama = Llama(os.fspath(path), vocab_only=True, verbose=False)
+            with _quiet_native_stderr():  # llama.cpp warns about the (unused) context of a vocabulary-only model
+                llama = Llama(os.fspath(path), vocab_only=True, verbose=False)
         except ValueError as e:
             raise ConfigError(f"llama.cpp cannot read the vocabulary of {os.fspath(path)!r} ({e}); is it a GGUF file?") from e
         return cls(llama, name=os.path.basename(path))
@@ -240,3 +243,17 @@ def load_tokenizer(spec: str) -> Tokenizer:
     raise ConfigError(
         f"cannot load tokenizer {spec!r}: give 'bytes', a .gguf file, a tokenizer.json file or an HF model directory"
     )
+
+
+@contextlib.contextmanager
+def _quiet_native_stderr():
+    """Send file descriptor 2 to /dev/null for the duration (native libraries write there directly)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
