@@ -88,3 +88,13 @@ def test_runs_with_same_name_and_folder_name_stay_apart(tmp_path):
     assert set(rows) == {"a/val/s/policy", "b/val/s/policy"}
     assert (rows["a/val/s/policy"]["n"], rows["a/val/s/policy"]["mean_pct"]) == ("2", "100.0")
     assert (rows["b/val/s/policy"]["n"], rows["b/val/s/policy"]["mean_pct"]) == ("1", "0.0")
+
+
+def test_partial_cells_give_their_n():
+    from memagent.eval.metrics import summarize as summ
+
+    rows = [_row("m", "hotpotqa", 50, s, 1.0, unit="docs") for s in "abcd"] + [_row("m", "hotpotqa", 100, "a", 0.0, unit="docs")]
+    md = markdown_table([("m", c) for c in summ(rows)])
+    assert "### hotpotqa (sub_em, %; n per cell up to 4; smaller cells give their n)" in md
+    assert "| 100 docs (~1.1K tok) | 0.0 ± 0.0 (n=1) |" in md and "| 50 docs (~1.1K tok) | 100.0 ± 0.0 |" in md
+

@@ -80,14 +80,18 @@ def write_csv(path: Path, series: list[tuple[str, CellSummary]]) -> None:
 
 def markdown_table(series: list[tuple[str, CellSummary]]) -> str:
     """Per task: a table with lengths as rows and methods as columns; cells ``mean ± stderr`` in percent,
-    followed by ``(n, errors, empty)`` when any error or empty answer occurred."""
+    followed by ``(n, errors, empty)`` when any error or empty answer occurred, or by ``(n)`` when the cell
+    has fewer samples than the task's fullest cell (a partial or resumed grid)."""
     out = []
     for task in sorted({c.task for _, c in series}):
         cells = [(lab, c) for lab, c in series if c.task == task]
         methods = list(dict.fromkeys(lab for lab, _ in cells))
         lengths = sorted({(c.length, c.length_unit) for _, c in cells})
         metric = cells[0][1].metric
-        out.append(f"### {task} ({metric}, %; n per cell = {max(c.n for _, c in cells)})\n")
+        ns = {c.n for _, c in cells}
+        full = max(ns)
+        count = f"n per cell = {full}" if len(ns) == 1 else f"n per cell up to {full}; smaller cells give their n"
+        out.append(f"### {task} ({metric}, %; {count})\n")
         out.append("| length | " + " | ".join(methods) + " |")
         out.append("|---|" + "---|" * len(methods))
         index = {(lab, c.length): c for lab, c in cells}
@@ -101,6 +105,8 @@ def markdown_table(series: list[tuple[str, CellSummary]]) -> str:
                 txt = f"{_pct(c.mean)} ± {_pct(c.stderr)}"
                 if c.n_error or c.n_empty:
                     txt += f" (n={c.n}, err={c.n_error}, empty={c.n_empty})"
+                elif c.n != full:  # a cell still running, or a grid resumed in pieces
+                    txt += f" (n={c.n})"
                 row.append(txt)
             ctx = next((c.mean_context_tokens for lab, c in cells if c.length == length and c.mean_context_tokens), None)
             label = _length_label(length, unit) + (f" (~{ctx / 1000:.1f}K tok)" if unit == "docs" and ctx else "")
