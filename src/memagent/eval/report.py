@@ -123,16 +123,18 @@ def plot_accuracy(path: Path, series: list[tuple[str, CellSummary]]) -> None:
     import matplotlib.pyplot as plt
 
     tasks = sorted({c.task for _, c in series})
+    style = {lab: k for k, lab in enumerate(dict.fromkeys(lab for lab, _ in series))}  # one look per method, every panel
     fig, axes = plt.subplots(1, len(tasks), figsize=(4.8 * len(tasks), 3.8), squeeze=False)
     for ax, task in zip(axes[0], tasks):
         cells = [(lab, c) for lab, c in series if c.task == task]
         labels = list(dict.fromkeys(lab for lab, _ in cells))
-        for k, lab in enumerate(labels):
+        for i, lab in enumerate(labels):
+            k = style[lab]
             pts = sorted((c.length, c.mean, c.stderr) for m, c in cells if m == lab)
             xs, ys, es = zip(*pts)
-            shift = 2 ** (0.04 * (k - (len(labels) - 1) / 2))  # equal scores stay visible side by side
+            shift = 2 ** (0.04 * (i - (len(labels) - 1) / 2))  # equal scores stay visible side by side
             ax.errorbar([x * shift for x in xs], [100 * y for y in ys], yerr=[100 * e for e in es], capsize=3, label=lab,
-                        marker="osD^v<>"[k % 7], linestyle=["-", "--", ":", "-."][k % 4])
+                        color=f"C{k % 10}", marker="osD^v<>"[k % 7], linestyle=["-", "--", ":", "-."][k % 4])
         unit = cells[0][1].length_unit
         ax.set_xscale("log", base=2)
         xs_all = sorted({c.length for _, c in cells})
