@@ -253,7 +253,7 @@ class Trainer:
 
         Runs :class:`memagent.eval.runner.EvalRunner` with one memory-agent method (this trainer's agent settings,
         ``agent.val_temperature``/``val_top_p``, greedy by default) on the current policy's backend, one cell per
-        length multiplier ``m`` (the questions are written once to ``val/data/x{m}.jsonl``). Per-sample rows and
+        length multiplier ``m`` (the questions, with their length in tokens, go to ``val/data/x{m}.jsonl``). Rows and
         memory traces go to ``val/step_{step:06d}/`` (readable by ``memagent report``; cells are keyed by the mean
         document length in tokens); a failed request is an error row that scores 0, and a validation cut short by
         a kill resumes with its finished rows.
