@@ -352,24 +352,22 @@ class EvalRunner:
             budget = self.backend.context_tokens - method.max_new_tokens
         for i in range(0, len(samples), method.batch_size):
             batch = samples[i : i + method.batch_size]
-            prepared = []
+            prepared: list[tuple[Sample, str, int]] = []  # (sample, prompt, document tokens kept)
             for s in batch:  # a question too long for the cap is one bad sample (an error row), not a crashed run
                 try:
-                    prepared.append((s, self._direct_prompt(s, budget)))
+                    prepared.append((s, *self._direct_prompt(s, budget)))
                 except ConfigError as e:
                     writer.write(make_row(base, s, metrics, error=str(e)))
-            batch = [s for s, _ in prepared]
-            prepared = [p for _, p in prepared]
-            if not batch:
+            if not prepared:
                 continue
             requests = [
                 Request((Message("user", text),), method.max_new_tokens, self.config.temperature, self.config.top_p, self._seed(s.id), f"{s.id}/direct")
-                for s, (text, _) in zip(batch, prepared)
+                for s, text, _ in prepared
             ]
             t0 = time.perf_counter()
             comps = self.backend.generate(requests)
-            share = (time.perf_counter() - t0) / max(1, len(batch))
-            for s, (_, doc_tokens), c in zip(batch, prepared, comps):
+            share = (time.perf_counter() - t0) / len(prepared)
+            for (s, _, doc_tokens), c in zip(prepared, comps):
                 usage = {"prompt_tokens": c.usage.prompt_tokens, "completion_tokens": c.usage.completion_tokens, "turns": 1}
                 if c.finish_reason == "error":
                     row = make_row(base, s, metrics, error=c.error or "backend error", document_tokens=doc_tokens, seconds=c.seconds or share, **usage)
