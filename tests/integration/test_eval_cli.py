@@ -64,6 +64,11 @@ def test_eval_only_runs_named_cells(tmp_path):
     assert len(rows) == 3 * 2 * 2
     r = CliRunner().invoke(_app(), args + ["--only", "vt:4K"])
     assert r.exit_code == 2 and "has no length 4096" in r.output
+    other = tmp_path / "direct_first"
+    r = CliRunner().invoke(_app(), [str(other) if a == str(out) else a for a in args] + ["--only", "vt:2K", "--only-methods", " direct"])
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(x) for x in (other / "results.jsonl").read_text().splitlines()]
+    assert {(x["method"], x["task"], x["length"]) for x in rows} == {("direct", "vt", 2048)} and len(rows) == 2
 
 
 def test_eval_exits_1_when_a_sample_failed(tmp_path):

@@ -261,6 +261,21 @@ def test_only_runs_cells_in_pieces_and_matches_one_run(tmp_path):
         EvalRunner(cfg, backend=ScriptedBackend(responder=responder)).run(only=[("vt", None)])
 
 
+def test_only_methods_runs_one_method_first_and_matches_one_run(tmp_path):
+    full = read_results(EvalRunner(_config(tmp_path, out="full"), backend=ScriptedBackend(responder=responder)).run())
+    cfg = _config(tmp_path, out="bymethod")
+    first = read_results(EvalRunner(cfg, backend=ScriptedBackend(responder=responder)).run(only_methods=["direct"]))
+    assert {r["method"] for r in first} == {"direct"} and len(first) == 8
+    rows = read_results(EvalRunner(cfg, backend=ScriptedBackend(responder=responder)).run())
+    assert len(rows) == 16 and [r["method"] for r in rows[8:]] == ["memagent"] * 8
+    key = lambda r: (r["method"], r["length"], r["sample_id"], r["response"], r["score"])  # noqa: E731
+    assert sorted(map(key, rows)) == sorted(map(key, full))
+    with pytest.raises(ConfigError, match="'agent' named; the grid's methods are memagent, direct"):
+        EvalRunner(cfg, backend=ScriptedBackend(responder=responder)).run(only_methods=["agent"])
+    with pytest.raises(ConfigError, match="nothing named"):
+        EvalRunner(cfg, backend=ScriptedBackend(responder=responder)).run(only_methods=[])
+
+
 def test_malformed_middle_row_is_named_on_resume(tmp_path):
     from memagent.errors import DataError
 

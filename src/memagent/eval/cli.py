@@ -51,12 +51,12 @@ def _flags_config(tasks: str, lengths: str, methods: str, samples: int, output: 
 
 
 #: Flags that still apply with --config (the rest come from the grid file).
-CONFIG_COMPATIBLE_FLAGS = {"config", "output", "retry_errors", "no_report", "only"}
+CONFIG_COMPATIBLE_FLAGS = {"config", "output", "retry_errors", "no_report", "only", "only_methods"}
 
 
 def eval_command(
     ctx: typer.Context,
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML grid (configs/eval_*.yaml); then only --output, --only, --retry-errors and --no-report apply"),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML grid (configs/eval_*.yaml); then only --output, --only, --only-methods, --retry-errors and --no-report apply"),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="run folder (default: the config's output, or runs/eval)"),
     tasks: str = typer.Option("hotpotqa", "--tasks", "-t", help="comma-separated: hotpotqa and/or RULER tasks"),
     lengths: str = typer.Option("50", "--lengths", "-l", help="hotpotqa: numbers of documents; RULER: tokens (8K,16K)"),
@@ -82,6 +82,7 @@ def eval_command(
     retry_errors: bool = typer.Option(False, "--retry-errors", help="re-run samples whose earlier row is an error"),
     no_report: bool = typer.Option(False, "--no-report", help="skip writing summary.md/csv/png at the end"),
     only: Optional[str] = typer.Option(None, "--only", help="run only these cells now, e.g. 'vt:8K,hotpotqa' (task[:length], comma-separated); the rest stay for a later call"),
+    only_methods: Optional[str] = typer.Option(None, "--only-methods", help="run only these of the grid's methods now, e.g. 'direct' (comma-separated names); the rest stay for a later call"),
 ):
     """Evaluate methods over tasks and lengths; resumable (re-run the same command to continue)."""
     from dataclasses import replace
@@ -106,7 +107,8 @@ def eval_command(
                                 chunk_tokens, memory_tokens, final_tokens, max_input_tokens, max_new_tokens, batch_size,
                                 seed, temperature, top_p, tokenizer, data_root, base_url, api_key_env, concurrency)
         runner = EvalRunner(cfg, log=lambda msg: typer.echo(msg, err=True), retry_errors=retry_errors)
-        results = runner.run(_parse_only(only) if only is not None else None)
+        results = runner.run(_parse_only(only) if only is not None else None,
+                             [x.strip() for x in only_methods.split(",") if x.strip()] if only_methods is not None else None)
         typer.echo(str(results))
         if not no_report:
             for p in write_report([cfg.output]):

@@ -221,20 +221,29 @@ class EvalRunner:
             manifest["started_at"] = old.get("started_at", manifest["started_at"])
         path.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
-    def run(self, only: Sequence[tuple[str, int | None]] | None = None) -> Path:
+    def run(self, only: Sequence[tuple[str, int | None]] | None = None,
+            only_methods: Sequence[str] | None = None) -> Path:
         """Run every cell not yet complete; returns the path of ``results.jsonl``.
 
         Args:
             only: restrict this call to these ``(task, length)`` cells (``length=None``: every length of the
                 task), run in the grid's order; the other cells are left for a later call. Lets a long grid be
                 run in pieces, in any order, into one run folder.
+            only_methods: restrict this call to these of the grid's methods (by name), e.g. the cheap direct
+                baseline first; the others' rows are left for a later call.
 
         Raises:
             ConfigError: the run folder holds rows of a differently configured method of the same name, or
-                ``only`` names a task or length not in the grid.
+                ``only`` names a task or length not in the grid, or ``only_methods`` a method not in it.
             DataError: a cell's data cannot be built or read.
         """
         selected = self._select(only)
+        names = [m.name for m in self.config.methods]
+        if only_methods is not None:
+            unknown = [m for m in only_methods if m not in names]
+            if unknown or not only_methods:
+                raise ConfigError(f"only_methods: {', '.join(map(repr, unknown)) or 'nothing'} named; the grid's "
+                                  f"methods are {', '.join(names)}")
         writer = ResultWriter(self.run_dir / "results.jsonl")
         try:
             for m in self.config.methods:
@@ -252,6 +261,8 @@ class EvalRunner:
                         continue
                     samples = self.cell_samples(task, length)
                     for method in self.config.methods:
+                        if only_methods is not None and method.name not in only_methods:
+                            continue
                         todo = [s for s in samples if self._needs_run(writer, method, task, length, s)]
                         self.log(f"[{method.name} | {task.name} | {length}] {len(samples) - len(todo)} done, {len(todo)} to run")
                         if todo:
