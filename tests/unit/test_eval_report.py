@@ -98,3 +98,15 @@ def test_partial_cells_give_their_n():
     assert "### hotpotqa (sub_em, %; n per cell up to 4; smaller cells give their n)" in md
     assert "| 100 docs (~1.1K tok) | 0.0 ± 0.0 (n=1) |" in md and "| 50 docs (~1.1K tok) | 100.0 ± 0.0 |" in md
 
+
+
+def test_plot_labels_partial_cells_with_their_n():
+    from memagent.eval.report import accuracy_figure
+
+    rows = [_row(m, "t", n, s, 1.0) for m in ("memagent", "direct") for n in (8, 16) for s in "abcd"]
+    rows += [_row("direct", "t", 32, s, float(s == "a")) for s in "ab"]  # a cell still running: 2 of 4
+    rows += [_row("memagent", "u", 8, "a", 0.0)]
+    fig = accuracy_figure([("x/" + c.method, c) for c in summarize(rows)])
+    t_ax, u_ax = fig.axes
+    assert [(t.get_text(), t.xy[1]) for t in t_ax.texts] == [("n=2", 50.0)]
+    assert len(u_ax.texts) == 0 and t_ax.get_title() == "t"  # a task whose every cell has the same n needs no labels

@@ -116,7 +116,17 @@ def markdown_table(series: list[tuple[str, CellSummary]]) -> str:
 
 
 def plot_accuracy(path: Path, series: list[tuple[str, CellSummary]]) -> None:
-    """One panel per task: mean score (%) against length (log x axis), one line per method, stderr bars."""
+    """One panel per task: mean score (%) against length (log x axis), one line per method, stderr bars; a cell
+    with fewer samples than the task's fullest cell is labelled with its ``n`` (see :func:`accuracy_figure`)."""
+    import matplotlib.pyplot as plt
+
+    fig = accuracy_figure(series)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def accuracy_figure(series: list[tuple[str, CellSummary]]):
+    """The matplotlib figure of :func:`plot_accuracy` (one axes per task, sorted by task name)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -128,13 +138,19 @@ def plot_accuracy(path: Path, series: list[tuple[str, CellSummary]]) -> None:
     for ax, task in zip(axes[0], tasks):
         cells = [(lab, c) for lab, c in series if c.task == task]
         labels = list(dict.fromkeys(lab for lab, _ in cells))
+        full = max(c.n for _, c in cells)
         for i, lab in enumerate(labels):
             k = style[lab]
-            pts = sorted((c.length, c.mean, c.stderr) for m, c in cells if m == lab)
-            xs, ys, es = zip(*pts)
+            pts = sorted((c.length, c.mean, c.stderr, c.n) for m, c in cells if m == lab)
             shift = 2 ** (0.04 * (i - (len(labels) - 1) / 2))  # equal scores stay visible side by side
-            ax.errorbar([x * shift for x in xs], [100 * y for y in ys], yerr=[100 * e for e in es], capsize=3, label=lab,
+            xs = [p[0] * shift for p in pts]
+            ys = [100 * p[1] for p in pts]
+            ax.errorbar(xs, ys, yerr=[100 * p[2] for p in pts], capsize=3, label=lab,
                         color=f"C{k % 10}", marker="osD^v<>"[k % 7], linestyle=["-", "--", ":", "-."][k % 4])
+            for x, y, p in zip(xs, ys, pts):
+                if p[3] != full:  # a partial cell: its n, so a reader does not take it for a full one
+                    ax.annotate(f"n={p[3]}", (x, y), textcoords="offset points", xytext=(6, 4), fontsize=7,
+                                color=f"C{k % 10}")
         unit = cells[0][1].length_unit
         ax.set_xscale("log", base=2)
         xs_all = sorted({c.length for _, c in cells})
@@ -149,8 +165,7 @@ def plot_accuracy(path: Path, series: list[tuple[str, CellSummary]]) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
 
 
 def write_report(run_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLike | None = None, plot: bool = True) -> list[Path]:
