@@ -50,6 +50,16 @@ def test_eval_config_file_and_errors(tmp_path):
     assert r.exit_code == 2 and "--base-url" in r.output
     r = CliRunner().invoke(_app(), ["report", str(tmp_path / "missing")])
     assert r.exit_code == 2 and "not found" in r.output
+    r = CliRunner().invoke(_app(), ["eval", "--tasks", "hotpotqa,vt", "--lengths", "50", "--backend", "scripted"])
+    assert r.exit_code == 2 and "hotpotqa counts documents and the other tasks count tokens" in r.output
+    r = CliRunner().invoke(_app(), ["eval", "--tasks", "hotpotqa", "--lengths", "8K", "--backend", "scripted"])
+    assert r.exit_code == 2 and "--lengths: '8K': a number of documents takes no K/M suffix" in r.output
+    (tmp_path / "torn").mkdir()
+    for text, message in [('{"method": "m", "task": "vt"}\n', "results.jsonl:1: malformed result row (no 'length' field)"),
+                          ('[1, 2]\n', "results.jsonl:1: malformed result row (expected a JSON object, got list)")]:
+        (tmp_path / "torn" / "results.jsonl").write_text(text + "{}\n")
+        r = CliRunner().invoke(_app(), ["report", str(tmp_path / "torn")])
+        assert r.exit_code == 2 and message in r.output, r.output
 
 
 def test_eval_only_runs_named_cells(tmp_path):

@@ -42,7 +42,7 @@ def test_fit_length_exact_with_bytes():
     best = max(n for n in range(200) if len(build(n)[1]) <= 500)
     assert f.n == best and f.tokens == len(build(best)[1]) <= 500
     assert n_calls <= 6
-    with pytest.raises(DataError, match="already exceeds"):
+    with pytest.raises(DataError, match=r"only 1 haystack units is 8 tokens, over the budget of 1 tokens .* use a longer length"):
         fit_length(build, cost, 10, 1, tok, min_units=1)
 
 
@@ -155,11 +155,16 @@ def test_build_files_and_cli(tmp_path, gguf_tokenizer, data_root):
         (["hotpotqa", "--docs", "12", "-n", "0"], "--samples >= 1"),
         (["ruler", "--task", "niah_single_2", "-l", "2K", "-n", "1", "--haystack", "gutenbrg"], "essay .* or gutenberg"),
         (["ruler", "--task", "vt", "-l", "2K", "-n", "0"], "--samples must be >= 1"),
+        (["ruler", "--task", " ,", "-l", "2K", "-n", "1"], "--task: name at least one task"),
+        (["hotpotqa", "--docs", "50,8k", "-n", "1"], "--docs: '8k': a number of documents takes no K/M suffix"),
     ]
     for args, message in bad:
         r = CliRunner().invoke(app, args + ["-o", str(tmp_path / "bad"), "--tokenizer", "bytes"])
         assert r.exit_code == 2 and re.search(message, r.output), (args, r.output)
     assert not (tmp_path / "bad").exists()
+    r = CliRunner().invoke(app, ["ruler", "--task", "vt", "-l", "40", "-n", "1", "-o", str(tmp_path / "short"), "--tokenizer", "bytes"])
+    assert r.exit_code == 2 and re.search("vt at 40 tokens: the prompt with only 0 haystack units is 1156 tokens, over "
+                                          "the budget of 10 tokens .* use a longer length", r.output), r.output
 
 
 def test_same_seed_same_bytes(tmp_path, gguf_tokenizer):

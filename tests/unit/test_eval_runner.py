@@ -2,6 +2,7 @@
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -218,7 +219,27 @@ def test_grid_errors_and_shipped_configs():
     with pytest.raises(ConfigError, match="did you mean 'tasks'"):
         EvalConfig.from_dict({"methods": [{"name": "m"}], "task": []})
     with pytest.raises(ConfigError, match="at least one method"):
-        EvalConfig.from_dict({"methods": [], "tasks": [{"name": "t", "lengths": [1]}]})
+        EvalConfig.from_dict({"methods": [], "tasks": [{"name": "vt", "lengths": [1]}]})
+    m = [{"name": "m"}]
+    bad = [  # each mistake is a ConfigError that names the place, found before any cell runs
+        ({"tasks": ["vt"]}, r"tasks\[0\]: expected a mapping like"),
+        ({"tasks": {"vt": {"lengths": [8]}}}, "tasks must be a list of mappings"),
+        ({"tasks": [{"name": "niah_singel_1", "lengths": [8]}]}, "did you mean 'niah_single_1'"),
+        ({"tasks": [{"name": "vt", "lengths": [8], "metrics": ["sub_emm"]}]}, "unknown metric 'sub_emm' .did you mean 'sub_em'"),
+        ({"tasks": [{"name": "x", "lengths": [8], "files": ["a.jsonl"]}]}, r"tasks\[0\].files: give a mapping"),
+        ({"tasks": [{"name": "x", "lengths": [8], "metrics": [1]}]}, "give metric names"),
+        ({"tasks": [{"name": "hotpotqa", "lengths": ["8K"]}]}, "a number of documents takes no K/M suffix"),
+    ]
+    for grid, message in bad:
+        with pytest.raises(ConfigError, match=message):
+            EvalConfig.from_dict({"methods": m, **grid}, "g.yaml")
+    ok = EvalConfig.from_dict({"methods": m, "tasks": [
+        {"name": "vt", "lengths": [8], "metrics": "string_match_part"},  # one metric as a plain string
+        {"name": "mine", "lengths": ["2K"], "files": {"2K": "d/mine.jsonl", 4096: "/abs/x.jsonl"}},
+        {"name": "hotpotqa", "lengths": ["8K"], "unit": "tokens"},
+    ]}, "g.yaml", base="/cfg")
+    assert ok.tasks[0].metrics == ("string_match_part",) and ok.tasks[2].lengths == (8192,)
+    assert ok.tasks[1].files == {2048: "/cfg/d/mine.jsonl", 4096: "/abs/x.jsonl"}  # relative to the config's folder
     from pathlib import Path
 
     configs = sorted((Path(__file__).resolve().parents[2] / "configs").glob("eval_*.yaml"))
@@ -270,9 +291,9 @@ def test_only_methods_runs_one_method_first_and_matches_one_run(tmp_path):
     assert len(rows) == 16 and [r["method"] for r in rows[8:]] == ["memagent"] * 8
     key = lambda r: (r["method"], r["length"], r["sample_id"], r["response"], r["score"])  # noqa: E731
     assert sorted(map(key, rows)) == sorted(map(key, full))
-    with pytest.raises(ConfigError, match="'agent' named; the grid's methods are memagent, direct"):
+    with pytest.raises(ConfigError, match=r"--only-methods: 'agent' is not a method of the grid \(the grid's methods, by name: memagent, direct\)"):
         EvalRunner(cfg, backend=ScriptedBackend(responder=responder)).run(only_methods=["agent"])
-    with pytest.raises(ConfigError, match="nothing named"):
+    with pytest.raises(ConfigError, match="--only-methods: name at least one method"):
         EvalRunner(cfg, backend=ScriptedBackend(responder=responder)).run(only_methods=[])
 
 
@@ -284,3 +305,20 @@ def test_malformed_middle_row_is_named_on_resume(tmp_path):
     p.write_text("not json\n" + json.dumps(good) + "\n")
     with pytest.raises(DataError, match=r"results.jsonl:1: malformed result row"):
         ResultWriter(p)
+
+
+def test_resume_with_other_data_settings_is_refused(tmp_path):
+    cfg = _config(tmp_path)
+    EvalRunner(cfg, backend=ScriptedBackend(responder=responder)).run(only=[("toy", 100)])
+    task = cfg.tasks[0]
+    changes = [
+        (replace(cfg, data_seed=7), "data_seed None -> 7"),
+        (replace(cfg, tasks=(replace(task, metrics=("f1",)),)), r"task 'toy' metrics \[\] -> \['f1'\]"),
+        (replace(cfg, tasks=(replace(task, samples=2),)), "samples 4 -> 2 .samples may grow, not shrink"),
+    ]
+    for changed, message in changes:
+        with pytest.raises(ConfigError, match=message):
+            EvalRunner(changed, backend=ScriptedBackend(responder=responder)).run()
+    assert len(read_results(tmp_path / "run" / "results.jsonl")) == 8  # nothing was added by the refused runs
+    grown = replace(cfg, data_seed=None, tasks=(replace(task, samples=6),))  # more samples: allowed
+    assert len(read_results(EvalRunner(grown, backend=ScriptedBackend(responder=responder)).run())) == 16

@@ -34,11 +34,12 @@ def resolve_tokenizer(spec: str):
     return load_tokenizer(spec)
 
 
-def parse_ints(text: str | None, option: str) -> list[int]:
-    """``"50,100"`` -> ``[50, 100]``; ``K``/``M`` suffixes allowed (``8K`` = 8192 tokens, ``1M`` = 1048576).
+def parse_ints(text: str | None, option: str, suffix: bool = True) -> list[int]:
+    """``"50,100"`` -> ``[50, 100]``; ``K``/``M`` suffixes allowed (``8K`` = 8192 tokens, ``1M`` = 1048576)
+    unless ``suffix`` is false (numbers of documents: "8K documents" is almost surely a token length).
 
     Raises:
-        ConfigError: an item is not a positive integer.
+        ConfigError: an item is not a positive integer, or has a suffix where none is allowed.
     """
     from memagent.errors import ConfigError
 
@@ -48,6 +49,9 @@ def parse_ints(text: str | None, option: str) -> list[int]:
     for item in text.split(","):
         s = item.strip().lower()
         mult = 1
+        if s[-1:] in ("k", "m") and not suffix:
+            raise ConfigError(f"{option}: {item.strip()!r}: a number of documents takes no K/M suffix (8K would mean "
+                              "8192 documents); write plain numbers like 50,100, or give a length in tokens instead")
         if s.endswith("k"):
             s, mult = s[:-1], 1024
         elif s.endswith("m"):
@@ -90,7 +94,7 @@ def hotpotqa_command(
         if start < 0 or samples < 1:
             raise ConfigError(f"need --start >= 0 and --samples >= 1, got --start {start} --samples {samples}")
         files = build_hotpotqa(
-            out, resolve_tokenizer(tokenizer), num_docs=parse_ints(docs, "--docs"), target_tokens=parse_ints(tokens, "--tokens"),
+            out, resolve_tokenizer(tokenizer), num_docs=parse_ints(docs, "--docs", suffix=False), target_tokens=parse_ints(tokens, "--tokens"),
             num_samples=samples, seed=seed, split=split, data_root=data_root, allow_reuse=allow_reuse, start=start,
             reference_format=reference_format,
         )
@@ -117,6 +121,8 @@ def ruler_command(
 
     names = {"all": list(ALL_TASKS), "memagent": list(MEMAGENT_TASKS)}.get(task) or [t.strip() for t in task.split(",") if t.strip()]
     try:
+        if not names:
+            raise ConfigError(f"--task: name at least one task, 'all' or 'memagent' (tasks: {', '.join(ALL_TASKS)})")
         if haystack not in (None, "essay", "gutenberg"):
             raise ConfigError(f"--haystack must be essay (the default) or gutenberg, got {haystack!r}")
         if samples < 1:

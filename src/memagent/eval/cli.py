@@ -41,8 +41,13 @@ def _flags_config(tasks: str, lengths: str, methods: str, samples: int, output: 
         if not base_url or not model:
             raise ConfigError("--backend openai needs --base-url (e.g. http://127.0.0.1:8000/v1) and --model (the served name)")
         backend_cfg.update(base_url=base_url, api_key_env=api_key_env, concurrency=concurrency)
-    task_list = [{"name": t.strip(), "lengths": parse_ints(lengths, "--lengths"), "samples": samples}
-                 for t in tasks.split(",") if t.strip()]
+    names = [t.strip() for t in tasks.split(",") if t.strip()]
+    if "hotpotqa" in names and len(names) > 1:
+        raise ConfigError(f"--tasks {tasks}: --lengths is shared by every task, but hotpotqa counts documents and the "
+                          "other tasks count tokens; run hotpotqa separately, or give each task its lengths in a "
+                          "--config grid")
+    task_list = [{"name": t, "lengths": parse_ints(lengths, "--lengths", suffix=t != "hotpotqa"), "samples": samples}
+                 for t in names]
     return EvalConfig.from_dict({
         "name": output.name, "output": str(output), "seed": seed, "temperature": temperature, "top_p": top_p,
         "backend": backend_cfg, "tokenizer": tokenizer, "data_root": None if data_root is None else str(data_root),

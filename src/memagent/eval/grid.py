@@ -17,7 +17,7 @@ YAML layout (see ``configs/eval_*.yaml``)::
     tasks:
       - {name: hotpotqa, lengths: [50, 100, 200], samples: 16}          # lengths in documents
       - {name: niah_single_2, lengths: [8192, 16384], samples: 16}      # lengths in tokens
-      - {name: mine, lengths: [1], files: {1: my_samples.jsonl}}       # any sample file
+      - {name: mine, lengths: [1], files: {1: my_samples.jsonl}}       # any sample file (relative to this file)
 
 Unknown keys are errors (with a did-you-mean), so a typo cannot silently fall back to a default.
 """
@@ -103,6 +103,21 @@ class TaskConfig:
             raise ConfigError(f"task {self.name!r}: unit must be docs or tokens, got {self.unit!r}")
         if self.unit == "docs" and self.name != "hotpotqa":
             raise ConfigError(f"task {self.name!r}: only hotpotqa lengths can be numbers of documents")
+        if not self.files and self.name != "hotpotqa":
+            from memagent.data.ruler import ALL_TASKS
+
+            if self.name not in ALL_TASKS:
+                close = difflib.get_close_matches(self.name, ("hotpotqa", *ALL_TASKS), n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                raise ConfigError(f"task {self.name!r}: not a task memagent can build ({hint}known: hotpotqa, "
+                                  f"{', '.join(ALL_TASKS)}); for your own data give files: {{length: path}}")
+        from memagent.verifiers import VERIFIERS
+
+        for m in self.metrics:
+            if m not in VERIFIERS:
+                close = difflib.get_close_matches(str(m), VERIFIERS.names(), n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                raise ConfigError(f"task {self.name!r}: unknown metric {m!r} ({hint}known: {', '.join(VERIFIERS.names())})")
 
     @property
     def length_unit(self) -> str:
@@ -148,22 +163,47 @@ class EvalConfig:
             raise ConfigError("backend: give at least {name: llamacpp|openai|hf|scripted}")
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], where: str = "config") -> EvalConfig:
-        """Build from plain data; unknown keys raise :class:`ConfigError` naming the closest valid key."""
+    def from_dict(cls, d: dict[str, Any], where: str = "config", base: str | Path | None = None) -> EvalConfig:
+        """Build from plain data; unknown keys raise :class:`ConfigError` naming the closest valid key.
+
+        Args:
+            d: the grid (see the module docstring).
+            where: how errors name the source (a file path, "command line").
+            base: folder that relative ``files`` paths are read from (the config file's folder); ``None``: the
+                current directory.
+        """
         if not isinstance(d, dict):
             raise ConfigError(f"{where}: expected a mapping at the top level")
         _check_keys(d, cls, where)
+        for key in ("methods", "tasks"):
+            if not isinstance(d.get(key) or [], list):
+                raise ConfigError(f"{where}: {key} must be a list of mappings (- {{name: ...}}), got {type(d[key]).__name__}")
         methods = tuple(_build(MethodConfig, m, f"{where}: methods[{i}]") for i, m in enumerate(d.get("methods") or []))
         tasks = []
         for i, t in enumerate(d.get("tasks") or []):
+            at = f"{where}: tasks[{i}]"
+            if not isinstance(t, dict):
+                raise ConfigError(f"{at}: expected a mapping like {{name: vt, lengths: [8K]}}, got {t!r}")
             t = dict(t)
+            docs = t.get("name") == "hotpotqa" and t.get("unit", "docs") == "docs" and not t.get("files")
             if "lengths" in t:
-                t["lengths"] = _lengths(t["lengths"], f"{where}: tasks[{i}].lengths")
+                t["lengths"] = _lengths(t["lengths"], f"{at}.lengths", suffix=not docs)
             if "metrics" in t:
-                t["metrics"] = tuple(t["metrics"])
+                metrics = t["metrics"]
+                if isinstance(metrics, str):
+                    metrics = [metrics]
+                if not isinstance(metrics, list) or not all(isinstance(m, str) for m in metrics):
+                    raise ConfigError(f"{at}.metrics: give metric names, e.g. [sub_em, f1], got {t['metrics']!r}")
+                t["metrics"] = tuple(metrics)
             if "files" in t:
-                t["files"] = {int(k): str(v) for k, v in t["files"].items()}
-            tasks.append(_build(TaskConfig, t, f"{where}: tasks[{i}]"))
+                if not isinstance(t["files"], dict):
+                    raise ConfigError(f"{at}.files: give a mapping {{length: path}}, e.g. {{8K: data/mine_8k.jsonl}}, "
+                                      f"got {t['files']!r}")
+                t["files"] = {
+                    _lengths(k, f"{at}.files")[0]: str(Path(base) / v if base is not None and not Path(str(v)).is_absolute() else v)
+                    for k, v in t["files"].items()
+                }
+            tasks.append(_build(TaskConfig, t, at))
         rest = {k: v for k, v in d.items() if k not in ("methods", "tasks")}
         return cls(methods=methods, tasks=tuple(tasks), **rest)
 
@@ -181,7 +221,7 @@ class EvalConfig:
             data = yaml.safe_load(p.read_text(encoding="utf-8"))
         except yaml.YAMLError as e:
             raise ConfigError(f"{p}: invalid YAML ({e})") from None
-        return cls.from_dict(data, str(p))
+        return cls.from_dict(data, str(p), base=p.parent)
 
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(asdict(self)))
@@ -193,8 +233,9 @@ class EvalConfig:
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def _lengths(values: Any, where: str) -> tuple[int, ...]:
-    """``[8192, "16K"]`` -> ``(8192, 16384)``: whole numbers, or strings with a K/M suffix like the CLI's."""
+def _lengths(values: Any, where: str, suffix: bool = True) -> tuple[int, ...]:
+    """``[8192, "16K"]`` -> ``(8192, 16384)``: whole numbers, or strings with a K/M suffix like the CLI's
+    (``suffix=False``: numbers of documents, no suffix)."""
     from memagent.data.cli import parse_ints
 
     if not isinstance(values, (list, tuple)):
@@ -203,7 +244,7 @@ def _lengths(values: Any, where: str) -> tuple[int, ...]:
     for x in values:
         if isinstance(x, bool) or not isinstance(x, (int, str)):
             raise ConfigError(f"{where}: {x!r} is not a length (use whole numbers like 8192 or 8K)")
-        out.extend(parse_ints(str(x), where))
+        out.extend(parse_ints(str(x), where, suffix=suffix))
     return tuple(out)
 
 

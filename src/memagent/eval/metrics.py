@@ -68,8 +68,24 @@ def read_results(path: str | os.PathLike) -> list[dict[str, Any]]:
             if i == len(lines):  # torn by a kill while writing
                 break
             raise DataError(f"{p}:{i}: malformed result row") from None
+        _check_row(row, f"{p}:{i}")
         rows[(row["method"], row["task"], int(row["length"]), str(row["sample_id"]))] = row
     return list(rows.values())
+
+
+#: Fields every result row must have (what summaries and resume read), with their JSON types.
+ROW_FIELDS = {"method": str, "task": str, "length": int, "sample_id": (str, int), "status": str, "score": (int, float),
+              "scores": dict}
+
+
+def _check_row(row: Any, where: str) -> None:
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: malformed result row (expected a JSON object, got {type(row).__name__})")
+    for key, typ in ROW_FIELDS.items():
+        if key not in row:
+            raise DataError(f"{where}: malformed result row (no {key!r} field); fix or remove that line")
+        if not isinstance(row[key], typ) or isinstance(row[key], bool):
+            raise DataError(f"{where}: malformed result row ({key!r} is {row[key]!r}); fix or remove that line")
 
 
 def _stderr(xs: list[float]) -> float:

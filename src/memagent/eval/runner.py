@@ -35,6 +35,7 @@ import subprocess
 import time
 import zlib
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -169,7 +170,10 @@ class EvalRunner:
             samples = read_samples(path)
             if len(samples) >= task.samples:
                 return samples[: task.samples]
-        samples = self._build(task, length)
+        try:
+            samples = self._build(task, length)
+        except DataError as e:
+            raise DataError(f"task {task.name!r} at length {length} ({task.length_unit}): {e}") from None
         write_samples(path, samples)
         return samples
 
@@ -242,8 +246,8 @@ class EvalRunner:
         if only_methods is not None:
             unknown = [m for m in only_methods if m not in names]
             if unknown or not only_methods:
-                raise ConfigError(f"only_methods: {', '.join(map(repr, unknown)) or 'nothing'} named; the grid's "
-                                  f"methods are {', '.join(names)}")
+                what = f"{', '.join(map(repr, unknown))} is not a method of the grid" if unknown else "name at least one method"
+                raise ConfigError(f"--only-methods: {what} (the grid's methods, by name: {', '.join(names)})")
         writer = ResultWriter(self.run_dir / "results.jsonl")
         try:
             for m in self.config.methods:
@@ -254,6 +258,7 @@ class EvalRunner:
                         f"(hash {sorted(old)[0]}); use a new --output folder or rename the method"
                     )
             self.check_methods()
+            self.check_resume()
             self.write_manifest()
             for task in self.config.tasks:
                 for length in task.lengths:
@@ -270,6 +275,41 @@ class EvalRunner:
         finally:
             writer.close()
         return self.run_dir / "results.jsonl"
+
+    def check_resume(self) -> None:
+        """Refuse to continue a run folder whose rows or built data came from other data settings.
+
+        A resumed run may add tasks, lengths, methods and samples (a larger ``samples`` builds and runs the
+        missing ones). It may not change what existing rows were computed from: the data seed, or a kept task's
+        unit, files or metrics, or lower ``samples`` (rows beyond the new count would still be reported).
+        Method settings are checked separately, by method hash.
+
+        Raises:
+            ConfigError: listing each difference, with the way out (a new ``--output`` folder).
+        """
+        path = self.run_dir / "manifest.json"
+        if not path.exists():
+            return
+        old = json.loads(path.read_text(encoding="utf-8")).get("config") or {}
+        diffs = []
+        if "data_seed" in old and old["data_seed"] != self.config.data_seed:
+            diffs.append(f"data_seed {old['data_seed']} -> {self.config.data_seed}")
+        old_tasks = {t["name"]: t for t in old.get("tasks", [])}
+        for t in self.config.tasks:
+            o = old_tasks.get(t.name)
+            if o is None:
+                continue
+            new = json.loads(json.dumps(asdict(t)))
+            for d in (o, new):  # files by name: a run folder that moved (training validation) keeps its data
+                d["files"] = {k: Path(v).name for k, v in (d.get("files") or {}).items()}
+            for key in ("unit", "files", "metrics"):
+                if o.get(key) != new[key]:
+                    diffs.append(f"task {t.name!r} {key} {o.get(key)!r} -> {new[key]!r}")
+            if new["samples"] < o.get("samples", 0):
+                diffs.append(f"task {t.name!r} samples {o['samples']} -> {new['samples']} (samples may grow, not shrink)")
+        if diffs:
+            raise ConfigError(f"{self.run_dir} was run with other data settings: {'; '.join(diffs)}. Its rows and "
+                              "data/ came from the old ones; use a new --output folder (or restore the settings)")
 
     def check_methods(self) -> None:
         """Refuse, before any row is written, a method that cannot fit the backend's context window whatever the
@@ -315,9 +355,9 @@ class EvalRunner:
         out: set[tuple[str, int]] = set()
         for name, length in only:
             if name not in grid:
-                raise ConfigError(f"only: task {name!r} is not in the grid (tasks: {', '.join(grid)})")
+                raise ConfigError(f"--only: task {name!r} is not in the grid (tasks: {', '.join(grid)})")
             if length is not None and length not in grid[name]:
-                raise ConfigError(f"only: task {name!r} has no length {length} (lengths: {list(grid[name])})")
+                raise ConfigError(f"--only: task {name!r} has no length {length} (lengths: {list(grid[name])})")
             out.update((name, n) for n in grid[name] if length is None or n == length)
         return out
 

@@ -11,6 +11,7 @@ from memagent.data.io import write_records, write_samples
 from memagent.data.ruler import RULER_METRIC, RULER_TASKS, build_ruler_sample
 from memagent.data.ruler.common import ruler_record
 from memagent.data.schema import token_stats, write_manifest
+from memagent.errors import DataError
 from memagent.tokenization import Tokenizer
 
 
@@ -46,7 +47,10 @@ def build_ruler(
     for task in tasks:
         for length in lengths:
             t0 = time.perf_counter()
-            samples = [build_ruler_sample(task, length, i, tokenizer, seed, haystack, root) for i in range(num_samples)]
+            try:
+                samples = [build_ruler_sample(task, length, i, tokenizer, seed, haystack, root) for i in range(num_samples)]
+            except DataError as e:
+                raise DataError(f"{task} at {length} tokens: {e}") from None
             seconds = time.perf_counter() - t0
             path = out / f"{task}_{length}.jsonl"
             write_samples(path, samples)

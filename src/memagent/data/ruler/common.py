@@ -219,7 +219,8 @@ def fit_length(
             if best is not None and n <= best.n:
                 break
     if best is None:
-        raise DataError(f"the prompt with {min_units} haystack units already exceeds {budget_tokens} tokens")
+        raise DataError(f"the prompt with only {min_units} haystack units is {exact} tokens, over the budget of "
+                        f"{budget_tokens} tokens (the target length minus the answer's tokens): use a longer length")
     return best
 
 
