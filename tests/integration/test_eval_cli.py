@@ -109,3 +109,31 @@ def test_only_without_cells_and_report_into_a_file_are_refused(tmp_path):
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(_app(), ["report", str(tmp_path / "run"), "--out", str(tmp_path / "file")])
     assert r.exit_code == 2 and "is a file" in r.output
+
+
+def test_default_lengths_follow_the_task_and_bad_outputs_are_refused(tmp_path):
+    from memagent.data.cli import app as data_app
+
+    base = ["eval", "--tasks", "vt", "-n", "1", "--backend", "scripted", "--methods", "direct", "--no-report"]
+    r = CliRunner().invoke(_app(), base + ["-o", str(tmp_path / "run")])
+    assert r.exit_code == 0, r.output
+    assert "[direct | vt | 8192] 0 done, 1 to run" in r.output  # RULER's default: 8K tokens, not 50
+    (tmp_path / "afile").write_text("x")
+    r = CliRunner().invoke(_app(), base + ["-o", str(tmp_path / "afile")])
+    assert r.exit_code == 2 and "run folder" in r.output and "is a file: give a folder with --output" in r.output
+    r = CliRunner().invoke(_app(), base + ["-o", str(tmp_path / "neg"), "--n-ctx", "-5"])
+    assert r.exit_code == 2 and "context window (context_tokens / --n-ctx) must be a positive number of tokens, got -5" in r.output
+    for args in (["ruler", "--task", "vt", "--tokenizer", "bytes"], ["hotpotqa", "--docs", "20", "--tokenizer", "bytes"]):
+        r = CliRunner().invoke(data_app, args + ["-o", str(tmp_path / "afile")])
+        assert r.exit_code == 2 and "is a file: give a folder" in r.output, r.output
+    r = CliRunner().invoke(data_app, ["ruler", "--task", "niah_single_2", "--lengths", "100", "--tokenizer", "bytes",
+                                      "-o", str(tmp_path / "d")])
+    assert r.exit_code == 2 and "leaves -28 tokens for the prompt" in r.output, r.output
+
+
+def test_python_dash_m_runs_the_cli():
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "memagent", "eval", "--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "--only-methods" in r.stdout

@@ -110,3 +110,46 @@ def test_plot_labels_partial_cells_with_their_n():
     t_ax, u_ax = fig.axes
     assert [(t.get_text(), t.xy[1]) for t in t_ax.texts] == [("n=2", 50.0)]
     assert len(u_ax.texts) == 0 and t_ax.get_title() == "t"  # a task whose every cell has the same n needs no labels
+
+
+def test_comparing_runs_needs_an_out_folder_and_keeps_units_and_metrics_apart(tmp_path):
+    docs = [_row("m", "hotpotqa", 10, s, 1.0, unit="docs") for s in "ab"]
+    tokens = [dict(_row("m", "hotpotqa", 10, s, 0.0), metric="f1") for s in "ab"]  # 10 tokens, scored by f1
+    _write_run(tmp_path / "d", docs, "docs")
+    _write_run(tmp_path / "t", tokens, "tokens")
+    with pytest.raises(DataError, match="comparing 2 runs: give the output folder with --out"):
+        write_report([tmp_path / "d", tmp_path / "t"])
+    assert not (tmp_path / "d" / "summary.md").exists()
+    write_report([tmp_path / "d", tmp_path / "t"], tmp_path / "out", plot=False)
+    md = (tmp_path / "out" / "summary.md").read_text()
+    assert "### hotpotqa (%, metric per column; n per cell = 2)" in md
+    assert "| length | docs/m [sub_em] | tokens/m [f1] |" in md
+    assert "| 10 |  | 0.0 ± 0.0 |" in md  # the token row holds only the token run
+    assert "| 10 docs (~1.0K tok) | 100.0 ± 0.0 |  |" in md
+    with pytest.raises(DataError, match="cannot write the report into"):
+        write_report([tmp_path / "d"], "/proc/memagent-report")
+
+
+def test_rows_with_values_of_the_wrong_type_are_named(tmp_path):
+    p = tmp_path / "results.jsonl"
+    for change, message in [({"scores": {"sub_em": "x"}}, "score 'sub_em' is 'x', not a number"),
+                            ({"context_tokens": "big"}, "'context_tokens' is 'big'")]:
+        p.write_text(json.dumps({**_row("m", "t", 8, "a", 1.0), **change}) + "\n")
+        with pytest.raises(DataError, match=f"results.jsonl:1: malformed result row \\({message}"):
+            read_results(p)
+    p.write_bytes(b"\xff\xfe\n")
+    with pytest.raises(DataError, match="results.jsonl:1: result row is not UTF-8"):
+        read_results(p)
+
+
+def test_a_cell_mixing_metrics_is_refused():
+    rows = [_row("m", "t", 8, "a", 1.0), dict(_row("m", "t", 8, "b", 1.0), metric="f1")]
+    with pytest.raises(DataError, match=r"cell \(m, t, 8\) mixes rows of different settings"):
+        summarize(rows)
+
+
+def test_unreadable_manifest_is_named(tmp_path):
+    _write_run(tmp_path / "r", [_row("m", "t", 8, "a", 1.0)], "r")
+    (tmp_path / "r" / "manifest.json").write_text("[1]")
+    with pytest.raises(DataError, match="manifest.json: a manifest is a JSON object, got list"):
+        write_report([tmp_path / "r"], plot=False)

@@ -1,6 +1,7 @@
 """Eval runner: rows per sample, error rows counted, resume after a kill, provenance, direct truncation."""
 
 import json
+import shutil
 import math
 from dataclasses import replace
 
@@ -204,7 +205,7 @@ def test_impossible_methods_fail_before_any_row(tmp_path, method, message):
 
 def test_result_writer_repairs_torn_tail(tmp_path):
     p = tmp_path / "results.jsonl"
-    good = {"method": "m", "task": "t", "length": 1, "sample_id": "a", "status": "ok"}
+    good = {"method": "m", "task": "t", "length": 1, "sample_id": "a", "status": "ok", "score": 1.0, "scores": {"sub_em": 1.0}}
     p.write_text(json.dumps(good) + "\n" + '{"method": "m", "ta')
     w = ResultWriter(p)
     assert w.done == {("m", "t", 1, "a"): "ok"}
@@ -322,3 +323,106 @@ def test_resume_with_other_data_settings_is_refused(tmp_path):
     assert len(read_results(tmp_path / "run" / "results.jsonl")) == 8  # nothing was added by the refused runs
     grown = replace(cfg, data_seed=None, tasks=(replace(task, samples=6),))  # more samples: allowed
     assert len(read_results(EvalRunner(grown, backend=ScriptedBackend(responder=responder)).run())) == 16
+
+
+def _ruler_config(tmp_path, tasks, samples=2, **kw):
+    """A grid on the tiny built-in RULER data path: byte tokens, scripted model, lengths of a few hundred tokens."""
+    d = {"name": "r", "output": str(tmp_path / "run"), "backend": {"name": "scripted"}, "tokenizer": "bytes",
+         "methods": [{"name": "direct", "kind": "direct", "max_input_tokens": 4000, "max_new_tokens": 16}],
+         "tasks": [{"name": t, "lengths": [2048], "samples": samples, **kw.get(t, {})} for t in tasks]}
+    return EvalConfig.from_dict(d)
+
+
+def test_task_left_out_of_a_resumed_run_keeps_its_settings(tmp_path, data_root):
+    """A task's settings stay on record while a later run leaves it out: coming back with other metrics or fewer
+    samples is refused, exactly as straight after its own run."""
+    run = lambda cfg: EvalRunner(cfg, backend=ScriptedBackend()).run()
+    run(_ruler_config(tmp_path, ["vt"], samples=3))
+    run(_ruler_config(tmp_path, ["niah_single_1"]))
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["task_settings"]["vt"] == {"unit": None, "files": {}, "metrics": [], "samples": 3}
+    with pytest.raises(ConfigError, match=r"task 'vt' metrics \[\] -> \['string_match_part'\]"):
+        run(_ruler_config(tmp_path, ["vt"], samples=4, vt={"metrics": ["string_match_part"]}))
+    with pytest.raises(ConfigError, match="task 'vt' samples 3 -> 2"):
+        run(_ruler_config(tmp_path, ["vt"], samples=2))
+    rows = read_results(tmp_path / "run" / "results.jsonl")
+    assert sorted((r["task"], r["metric"]) for r in rows) == [("niah_single_1", "string_match_all")] * 2 + [("vt", "string_match_all")] * 3
+
+
+def test_rows_scored_otherwise_are_refused_without_a_manifest(tmp_path, data_root):
+    run = lambda cfg: EvalRunner(cfg, backend=ScriptedBackend()).run()
+    run(_ruler_config(tmp_path, ["vt"]))
+    (tmp_path / "run" / "manifest.json").unlink()  # the rows themselves still say how they were scored
+    with pytest.raises(ConfigError, match=r"task 'vt' rows scored with \['string_match_all'\], this config scores \['f1'\]"):
+        run(_ruler_config(tmp_path, ["vt"], vt={"metrics": ["f1"]}))
+
+
+def test_a_failed_first_attempt_does_not_pin_settings(tmp_path, data_root):
+    """Data problems stop the run before any row; a folder with no rows or data then takes new settings."""
+    from memagent.errors import DataError
+
+    bad = _ruler_config(tmp_path, ["vt", "niah_single_1"], samples=4, niah_single_1={"lengths": [100]})
+    with pytest.raises(DataError, match="niah_single_1' at length 100 .*leaves -28 tokens for the prompt"):
+        EvalRunner(bad, backend=ScriptedBackend()).run()
+    assert (tmp_path / "run" / "results.jsonl").read_text() == ""  # vt's cell came first, yet nothing ran
+    shutil.rmtree(tmp_path / "run" / "data")  # vt's data was built; without it the folder is as new
+    ok = _ruler_config(tmp_path, ["vt"], samples=2)
+    assert len(read_results(EvalRunner(ok, backend=ScriptedBackend()).run())) == 2
+
+
+def test_file_cells_are_checked_before_any_row(tmp_path):
+    from memagent.errors import DataError
+
+    cfg = _config(tmp_path)
+    task = cfg.tasks[0]
+    missing = replace(cfg, tasks=(replace(task, lengths=(100, 300)),))
+    with pytest.raises(ConfigError, match=r"no file given for length 300"):
+        EvalRunner(missing, backend=ScriptedBackend(responder=responder)).run()
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(DataError, match="the file for length 200 .*empty.jsonl. holds no samples"):
+        EvalRunner(replace(cfg, tasks=(replace(task, files={100: task.files[100], 200: str(empty)}),)),
+                   backend=ScriptedBackend(responder=responder)).run()
+    assert not (tmp_path / "run" / "results.jsonl").read_text()
+    logs = []
+    EvalRunner(replace(cfg, tasks=(replace(task, samples=5),)), backend=ScriptedBackend(responder=responder), log=logs.append).run()
+    assert logs.count("warning: task 'toy' length 100: 4 samples, fewer than samples: 5") == 1
+
+
+def test_bad_run_folders_are_named(tmp_path):
+    from memagent.errors import DataError
+
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ConfigError, match="run folder .*afile' is a file"):
+        EvalRunner(_config(tmp_path, out="afile"), backend=ScriptedBackend(responder=responder)).run()
+    cfg = _config(tmp_path)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "manifest.json").write_text("{torn")
+    (tmp_path / "run" / "results.jsonl").write_text(json.dumps({
+        "method": "old", "task": "toy", "length": 100, "sample_id": "s0", "status": "ok", "score": 1, "scores": {}}) + "\n")
+    with pytest.raises(DataError, match=r"manifest.json: not a readable manifest .*move it away"):
+        EvalRunner(cfg, backend=ScriptedBackend(responder=responder)).run()
+    (tmp_path / "run" / "manifest.json").write_text("{}")
+    (tmp_path / "run" / "results.jsonl").write_bytes(b'{"method": "\xff"}\n')
+    with pytest.raises(DataError, match=r"results.jsonl:1: result row is not UTF-8"):
+        EvalRunner(cfg, backend=ScriptedBackend(responder=responder)).run()
+
+
+def test_grid_values_of_the_wrong_type_are_named():
+    base = {"methods": [{"name": "m"}], "tasks": [{"name": "vt", "lengths": [8]}], "backend": {"name": "scripted"}}
+    bad = [
+        ({"temperature": "hot"}, "config: temperature must be a number, got 'hot'"),
+        ({"seed": "abc"}, "config: seed must be a whole number, got 'abc'"),
+        ({"data_seed": 1.5}, "config: data_seed must be a whole number or null, got 1.5"),
+        ({"backend": "name"}, "config: backend must be a mapping, got 'name'"),
+        ({"tasks": [{"name": "vt", "lengths": [8], "samples": 2.5}]}, r"tasks\[0\]: samples must be a whole number, got 2.5"),
+        ({"methods": [{"name": "m", "chunk_tokens": 1000.7}]}, r"methods\[0\]: chunk_tokens must be a whole number"),
+        ({"methods": [{"name": "m", "kind": "agent"}]}, r"methods\[0\]: kind must be one of memory_agent, direct"),
+    ]
+    for change, message in bad:
+        with pytest.raises(ConfigError, match=message):
+            EvalConfig.from_dict({**base, **change})
+    ok = EvalConfig.from_dict({**base, "temperature": 1, "methods": [{"name": "m", "templates": "p.yaml"}]}, base="/grids")
+    assert ok.temperature == 1 and ok.methods[0].templates == "/grids/p.yaml"
+    hotpot = EvalConfig.from_dict({**base, "tasks": [{"name": "hotpotqa", "lengths": [10], "files": {10: "h.jsonl"}}]})
+    assert hotpot.tasks[0].length_unit == "docs"  # a label in documents, like built hotpotqa cells

@@ -17,6 +17,20 @@ from memagent.types import Completion, Message, Request
 DEFAULT_CHAT_OVERHEAD_TOKENS = 64
 
 
+def check_context_tokens(value: int | None, backend: str) -> int | None:
+    """``value`` when it is ``None`` (unknown) or a positive window in tokens.
+
+    Raises:
+        ConfigError: a zero or negative window (naming the backend and the setting).
+    """
+    from memagent.errors import ConfigError
+
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ConfigError(f"{backend} backend: the context window (context_tokens / --n-ctx) must be a positive "
+                          f"number of tokens, got {value!r}")
+    return value
+
+
 @runtime_checkable
 class Backend(Protocol):
     """A chat model.

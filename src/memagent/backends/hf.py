@@ -21,6 +21,7 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
+from memagent.backends.base import check_context_tokens
 from memagent.backends.chat import encode_pieces, messages_as_dicts, render_pieces
 from memagent.errors import ConfigError
 from memagent.tokenization import HFTokenizer
@@ -143,7 +144,7 @@ class HFBackend:
         self._template_tok.no_padding()
         self._template_tok.encode_special_tokens = False
         self.max_batch_size = max_batch_size
-        self.context_tokens = context_tokens or getattr(model.config, "max_position_embeddings", None)
+        self.context_tokens = check_context_tokens(context_tokens, "hf") or getattr(model.config, "max_position_embeddings", None)
         self.seed = seed
         self.name = f"hf:{name}"
         self.stop_ids = self._stop_ids()

@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 import tenacity
 
-from memagent.backends.base import DEFAULT_CHAT_OVERHEAD_TOKENS
+from memagent.backends.base import DEFAULT_CHAT_OVERHEAD_TOKENS, check_context_tokens
 from memagent.backends.chat import messages_as_dicts
 from memagent.errors import BackendError, BackendTimeout, BadResponse, ConfigError, ContextOverflow
 from memagent.tokenization import Tokenizer
@@ -276,7 +276,7 @@ class OpenAIBackend:
         self.api_key_env = api_key_env
         self.concurrency = concurrency
         self.max_retries = max_retries
-        self.context_tokens = context_tokens
+        self.context_tokens = check_context_tokens(context_tokens, "openai")
         self.tokenizer = tokenizer
         self.extra_body = dict(extra_body or {})
         self.chat_overhead_tokens = chat_overhead_tokens

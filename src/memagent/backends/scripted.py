@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 
+from memagent.backends.base import check_context_tokens
 from memagent.tokenization import ByteTokenizer, Tokenizer
 from memagent.types import Completion, Message, Request, Usage
 
@@ -57,7 +58,7 @@ class ScriptedBackend:
         self.responder = responder or default_responder
         self._replies = list(replies) if replies is not None else None
         self.fail = fail
-        self.context_tokens = context_tokens
+        self.context_tokens = check_context_tokens(context_tokens, "scripted")
         self.tokenizer = tokenizer or ByteTokenizer()
         self.batched = batched
         self.name = "scripted"

@@ -51,7 +51,8 @@ def parse_ints(text: str | None, option: str, suffix: bool = True) -> list[int]:
         mult = 1
         if s[-1:] in ("k", "m") and not suffix:
             raise ConfigError(f"{option}: {item.strip()!r}: a number of documents takes no K/M suffix (8K would mean "
-                              "8192 documents); write plain numbers like 50,100, or give a length in tokens instead")
+                              "8192 documents); write plain numbers like 50,100, or give token lengths instead (memagent data "
+                              "hotpotqa --tokens 8K; in an eval grid, unit: tokens)")
         if s.endswith("k"):
             s, mult = s[:-1], 1024
         elif s.endswith("m"):
@@ -64,6 +65,11 @@ def parse_ints(text: str | None, option: str, suffix: bool = True) -> list[int]:
             raise ConfigError(f"{option}: sizes must be positive, got {item!r}")
         out.append(v)
     return out
+
+
+def _check_out(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {str(out)!r} is a file: give a folder (it is created when missing)")
 
 
 def _fail(e: Exception) -> None:
@@ -91,6 +97,7 @@ def hotpotqa_command(
     try:
         if split not in ("dev", "train"):
             raise ConfigError(f"--split must be dev or train, got {split!r}")
+        _check_out(out)
         if start < 0 or samples < 1:
             raise ConfigError(f"need --start >= 0 and --samples >= 1, got --start {start} --samples {samples}")
         files = build_hotpotqa(
@@ -127,6 +134,7 @@ def ruler_command(
             raise ConfigError(f"--haystack must be essay (the default) or gutenberg, got {haystack!r}")
         if samples < 1:
             raise ConfigError(f"--samples must be >= 1, got {samples}")
+        _check_out(out)
         files = build_ruler(
             out, names, parse_ints(lengths, "--lengths"), resolve_tokenizer(tokenizer), num_samples=samples, seed=seed,
             haystack=haystack, data_root=data_root,

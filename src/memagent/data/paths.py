@@ -43,7 +43,7 @@ def data_root(explicit: str | os.PathLike | None = None) -> Path:
     if explicit is not None:
         p = Path(explicit).expanduser()
         if not p.is_dir():
-            raise DataError(f"data root {str(p)!r} (from --data-root) is not a folder")
+            raise DataError(f"data root {str(p)!r} (given by --data-root or a config's data_root) is not a folder")
         return p
     env = os.environ.get(ENV_VAR)
     if env:

@@ -113,6 +113,10 @@ def _context_text(obj: Mapping[str, Any], where: str) -> str:
             "(its files above ~1M tokens); that pool is not available here. Rebuild such lengths with "
             "`memagent data hotpotqa` or `memagent data ruler` instead."
         )
+    if "input" in obj and "outputs" in obj:  # RULER's own JSONL: the whole prompt in one field, no question
+        raise DataError(f"{where}: this is RULER's JSONL (input, outputs), which has no separate question and "
+                        "context; read the file `memagent data ruler` wrote beside it ({task}_{length}.jsonl, "
+                        "without .ruler), which is in memagent's schema")
     raise DataError(f"{where}: missing or non-string field 'context'")
 
 

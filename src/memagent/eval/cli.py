@@ -15,7 +15,7 @@ def _fail(e: Exception) -> None:
     raise typer.Exit(2)
 
 
-def _flags_config(tasks: str, lengths: str, methods: str, samples: int, output: Path, backend: str, model: Optional[str],
+def _flags_config(tasks: str, lengths: str | None, methods: str, samples: int, output: Path, backend: str, model: Optional[str],
                   n_ctx: int, chunk_tokens: int, memory_tokens: int, final_tokens: int, max_input_tokens: Optional[int],
                   max_new_tokens: int, batch_size: int, seed: int, temperature: float, top_p: float,
                   tokenizer: Optional[str], data_root: Optional[Path], base_url: Optional[str] = None,
@@ -46,6 +46,8 @@ def _flags_config(tasks: str, lengths: str, methods: str, samples: int, output: 
         raise ConfigError(f"--tasks {tasks}: --lengths is shared by every task, but hotpotqa counts documents and the "
                           "other tasks count tokens; run hotpotqa separately, or give each task its lengths in a "
                           "--config grid")
+    if lengths is None:  # each unit's own default: 50 documents, or 8K tokens
+        lengths = "50" if names == ["hotpotqa"] else "8K"
     task_list = [{"name": t, "lengths": parse_ints(lengths, "--lengths", suffix=t != "hotpotqa"), "samples": samples}
                  for t in names]
     return EvalConfig.from_dict({
@@ -64,7 +66,7 @@ def eval_command(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML grid (configs/eval_*.yaml); then only --output, --only, --only-methods, --retry-errors and --no-report apply"),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="run folder (default: the config's output, or runs/eval)"),
     tasks: str = typer.Option("hotpotqa", "--tasks", "-t", help="comma-separated: hotpotqa and/or RULER tasks"),
-    lengths: str = typer.Option("50", "--lengths", "-l", help="hotpotqa: numbers of documents; RULER: tokens (8K,16K)"),
+    lengths: Optional[str] = typer.Option(None, "--lengths", "-l", help="hotpotqa: numbers of documents (default 50); RULER: tokens, e.g. 8K,16K (default 8K)"),
     methods: str = typer.Option("memagent,direct", "--methods", help="memagent and/or direct"),
     samples: int = typer.Option(16, "--samples", "-n", help="samples per (task, length)"),
     backend: str = typer.Option("llamacpp", "--backend", "-b", help="llamacpp | openai | hf | scripted"),
@@ -147,7 +149,7 @@ def _parse_only(text: str) -> list[tuple[str, int | None]]:
 
 def report_command(
     runs: list[Path] = typer.Argument(..., help="run folders (each with results.jsonl)"),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="output folder (default: the first run folder)"),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="output folder (default: the run folder itself; required when comparing several runs)"),
     no_plot: bool = typer.Option(False, "--no-plot", help="tables only"),
 ):
     """Tables (Markdown, CSV) and an accuracy-vs-length plot from result files only."""

@@ -19,7 +19,9 @@ YAML layout (see ``configs/eval_*.yaml``)::
       - {name: niah_single_2, lengths: [8192, 16384], samples: 16}      # lengths in tokens
       - {name: mine, lengths: [1], files: {1: my_samples.jsonl}}       # any sample file (relative to this file)
 
-Unknown keys are errors (with a did-you-mean), so a typo cannot silently fall back to a default.
+Unknown keys are errors (with a did-you-mean), so a typo cannot silently fall back to a default; a value of
+the wrong type (``samples: 2.5``, ``temperature: hot``) is an error naming the key. Relative ``files`` and
+``templates`` paths are read from the config file's folder.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import types
+import typing
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -82,7 +86,8 @@ class TaskConfig:
         name: ``hotpotqa``, a RULER task name, or any label when ``files`` is given.
         lengths: sizes to evaluate; documents for hotpotqa unless ``unit`` is ``tokens``, tokens otherwise.
         samples: samples per length (the first ``samples`` of the built or given data).
-        unit: ``docs`` or ``tokens`` (default: docs for hotpotqa, tokens otherwise).
+        unit: ``docs`` or ``tokens`` (default: docs for hotpotqa, tokens otherwise; hotpotqa data given by
+            ``files`` built with ``memagent data hotpotqa --tokens`` needs ``unit: tokens``).
         files: ``{length: sample file}`` to evaluate existing data instead of building it.
         metrics: verifier names, primary first (default: by task).
     """
@@ -123,7 +128,7 @@ class TaskConfig:
     def length_unit(self) -> str:
         if self.unit:
             return self.unit
-        return "docs" if self.name == "hotpotqa" and not self.files else "tokens"
+        return "docs" if self.name == "hotpotqa" else "tokens"
 
     def metric_names(self) -> tuple[str, ...]:
         if self.metrics:
@@ -178,14 +183,19 @@ class EvalConfig:
         for key in ("methods", "tasks"):
             if not isinstance(d.get(key) or [], list):
                 raise ConfigError(f"{where}: {key} must be a list of mappings (- {{name: ...}}), got {type(d[key]).__name__}")
-        methods = tuple(_build(MethodConfig, m, f"{where}: methods[{i}]") for i, m in enumerate(d.get("methods") or []))
+        methods = []
+        for i, m in enumerate(d.get("methods") or []):
+            if isinstance(m, dict) and isinstance(m.get("templates"), str):
+                m = {**m, "templates": _relative_to(m["templates"], base)}
+            methods.append(_build(MethodConfig, m, f"{where}: methods[{i}]"))
+        methods = tuple(methods)
         tasks = []
         for i, t in enumerate(d.get("tasks") or []):
             at = f"{where}: tasks[{i}]"
             if not isinstance(t, dict):
                 raise ConfigError(f"{at}: expected a mapping like {{name: vt, lengths: [8K]}}, got {t!r}")
             t = dict(t)
-            docs = t.get("name") == "hotpotqa" and t.get("unit", "docs") == "docs" and not t.get("files")
+            docs = t.get("name") == "hotpotqa" and t.get("unit", "docs") in ("docs", None)
             if "lengths" in t:
                 t["lengths"] = _lengths(t["lengths"], f"{at}.lengths", suffix=not docs)
             if "metrics" in t:
@@ -199,12 +209,15 @@ class EvalConfig:
                 if not isinstance(t["files"], dict):
                     raise ConfigError(f"{at}.files: give a mapping {{length: path}}, e.g. {{8K: data/mine_8k.jsonl}}, "
                                       f"got {t['files']!r}")
-                t["files"] = {
-                    _lengths(k, f"{at}.files")[0]: str(Path(base) / v if base is not None and not Path(str(v)).is_absolute() else v)
-                    for k, v in t["files"].items()
-                }
+                files = {}
+                for k, v in t["files"].items():
+                    if not isinstance(v, str) or not v:
+                        raise ConfigError(f"{at}.files: the file for length {k!r} must be a path, got {v!r}")
+                    files[_lengths(k, f"{at}.files", suffix=not docs)[0]] = _relative_to(v, base)
+                t["files"] = files
             tasks.append(_build(TaskConfig, t, at))
         rest = {k: v for k, v in d.items() if k not in ("methods", "tasks")}
+        _check_types(cls, rest, where)
         return cls(methods=methods, tasks=tuple(tasks), **rest)
 
     @classmethod
@@ -248,6 +261,62 @@ def _lengths(values: Any, where: str, suffix: bool = True) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _relative_to(path: str, base: str | Path | None) -> str:
+    """``path`` read from the folder ``base`` (kept as given when absolute or when ``base`` is None)."""
+    return str(Path(base) / path) if base is not None and not Path(path).is_absolute() else path
+
+
+def _type_ok(value: Any, tp: Any) -> bool:
+    """Whether a YAML/JSON value fits a field annotation (int, float, str, bool, Optional, Literal, tuple[X, ...],
+    dict[K, V], Any); ints are accepted for floats, bools are not numbers."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, a) for a in args)
+    if tp is type(None):
+        return value is None
+    if origin is Literal:
+        return value in args
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is str:
+        return isinstance(value, str)
+    if origin is tuple:
+        return isinstance(value, (list, tuple)) and all(_type_ok(v, args[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(_type_ok(k, args[0]) and _type_ok(v, args[1]) for k, v in value.items())
+    return True
+
+
+_TYPE_WORDS = {int: "a whole number", float: "a number", str: "a string", bool: "true or false"}
+
+
+def _describe(tp: Any) -> str:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join("null" if a is type(None) else _describe(a) for a in args)
+    if origin is Literal:
+        return "one of " + ", ".join(map(str, args))
+    if origin is tuple:
+        return f"a list of {_describe(args[0])}s"
+    if origin is dict:
+        return "a mapping"
+    return _TYPE_WORDS.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _check_types(cls: type, d: dict[str, Any], where: str) -> None:
+    """Refuse a value whose type does not fit its field (YAML gives ``2.5`` or ``hot`` where a number is due)."""
+    hints = typing.get_type_hints(cls)
+    for k, v in d.items():
+        if k in hints and not _type_ok(v, hints[k]):
+            raise ConfigError(f"{where}: {k} must be {_describe(hints[k])}, got {v!r}")
+
+
 def _check_keys(d: dict[str, Any], cls: type, where: str) -> None:
     valid = [f.name for f in fields(cls)]
     for k in d:
@@ -261,6 +330,7 @@ def _build(cls: type, d: Any, where: str):
     if not isinstance(d, dict):
         raise ConfigError(f"{where}: expected a mapping")
     _check_keys(d, cls, where)
+    _check_types(cls, d, where)
     try:
         return cls(**d)
     except TypeError as e:

@@ -57,9 +57,13 @@ def read_results(path: str | os.PathLike) -> list[dict[str, Any]]:
     p = Path(path)
     if not p.is_file():
         raise DataError(f"results file {str(p)!r} not found")
-    lines = p.read_text(encoding="utf-8").split("\n")
+    lines = p.read_bytes().split(b"\n")
     rows: dict[tuple, dict[str, Any]] = {}
-    for i, line in enumerate(lines, 1):
+    for i, raw in enumerate(lines, 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise DataError(f"{p}:{i}: result row is not UTF-8 text; fix or remove that line") from None
         if not line.strip():
             continue
         try:
@@ -68,7 +72,7 @@ def read_results(path: str | os.PathLike) -> list[dict[str, Any]]:
             if i == len(lines):  # torn by a kill while writing
                 break
             raise DataError(f"{p}:{i}: malformed result row") from None
-        _check_row(row, f"{p}:{i}")
+        check_row(row, f"{p}:{i}")
         rows[(row["method"], row["task"], int(row["length"]), str(row["sample_id"]))] = row
     return list(rows.values())
 
@@ -78,7 +82,16 @@ ROW_FIELDS = {"method": str, "task": str, "length": int, "sample_id": (str, int)
               "scores": dict}
 
 
-def _check_row(row: Any, where: str) -> None:
+#: Optional fields that summaries read, with their JSON types (``None`` allowed).
+OPTIONAL_ROW_FIELDS = {"context_tokens": (int, float), "seconds": (int, float), "answer": str, "length_unit": str, "metric": str}
+
+
+def check_row(row: Any, where: str) -> None:
+    """Check one parsed result row against :data:`ROW_FIELDS` and :data:`OPTIONAL_ROW_FIELDS`.
+
+    Raises:
+        DataError: naming ``where`` (file:line) and the field, with what to do.
+    """
     if not isinstance(row, dict):
         raise DataError(f"{where}: malformed result row (expected a JSON object, got {type(row).__name__})")
     for key, typ in ROW_FIELDS.items():
@@ -86,6 +99,13 @@ def _check_row(row: Any, where: str) -> None:
             raise DataError(f"{where}: malformed result row (no {key!r} field); fix or remove that line")
         if not isinstance(row[key], typ) or isinstance(row[key], bool):
             raise DataError(f"{where}: malformed result row ({key!r} is {row[key]!r}); fix or remove that line")
+    for key, typ in OPTIONAL_ROW_FIELDS.items():
+        v = row.get(key)
+        if v is not None and (not isinstance(v, typ) or isinstance(v, bool)):
+            raise DataError(f"{where}: malformed result row ({key!r} is {v!r}); fix or remove that line")
+    for name, v in row["scores"].items():
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            raise DataError(f"{where}: malformed result row (score {name!r} is {v!r}, not a number); fix or remove that line")
 
 
 def _stderr(xs: list[float]) -> float:
@@ -98,12 +118,21 @@ def _stderr(xs: list[float]) -> float:
 
 
 def summarize(rows: Iterable[dict[str, Any]]) -> list[CellSummary]:
-    """One summary per (method, task, length), sorted by task, length, method."""
+    """One summary per (method, task, length), sorted by task, length, method.
+
+    Raises:
+        DataError: a cell mixes rows scored with different metrics or length units (rows of two different
+            settings written into one results file); its mean would mean nothing.
+    """
     cells: dict[tuple[str, str, int], list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         cells[(r["method"], r["task"], int(r["length"]))].append(r)
     out = []
     for (method, task, length), rs in cells.items():
+        kinds = {(r.get("metric", ""), tuple(r["scores"]), r.get("length_unit", "tokens")) for r in rs}
+        if len(kinds) > 1:
+            raise DataError(f"cell ({method}, {task}, {length}) mixes rows of different settings (metric, scores, "
+                            f"length unit: {sorted(kinds)}); keep one setting's rows in that results file")
         scores = [float(r["score"]) if r["status"] == "ok" else 0.0 for r in rs]
         ok = [r for r in rs if r["status"] == "ok"]
         names = list(rs[0].get("scores", {}))

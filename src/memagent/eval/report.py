@@ -13,26 +13,25 @@ manner of the paper's Figure 1).
 from __future__ import annotations
 
 import csv
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
 from memagent.errors import DataError
 from memagent.eval.metrics import CellSummary, read_results, summarize
+from memagent.eval.runner import read_manifest
 
 
 def load_runs(run_dirs: Sequence[str | os.PathLike]) -> list[tuple[str, list[CellSummary], dict]]:
     """``(label, summaries, manifest)`` per run folder (label: the manifest's name, else the folder name).
 
     Raises:
-        DataError: a folder has no ``results.jsonl``.
+        DataError: a folder has no ``results.jsonl``, or an unreadable row or manifest.
     """
     runs = []
     for d in run_dirs:
         p = Path(d)
-        manifest_path = p / "manifest.json"
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8")) if manifest_path.is_file() else {}
+        manifest = read_manifest(p / "manifest.json")
         runs.append((manifest.get("name") or p.name, summarize(read_results(p / "results.jsonl")), manifest))
     labels = [r[0] for r in runs]
     if len(set(labels)) != len(labels):  # two runs with one name: the shortest distinct folder path endings
@@ -87,18 +86,23 @@ def markdown_table(series: list[tuple[str, CellSummary]]) -> str:
         cells = [(lab, c) for lab, c in series if c.task == task]
         methods = list(dict.fromkeys(lab for lab, _ in cells))
         lengths = sorted({(c.length, c.length_unit) for _, c in cells})
-        metric = cells[0][1].metric
+        metric_of = {lab: c.metric for lab, c in cells}
         ns = {c.n for _, c in cells}
         full = max(ns)
         count = f"n per cell = {full}" if len(ns) == 1 else f"n per cell up to {full}; smaller cells give their n"
-        out.append(f"### {task} ({metric}, %; {count})\n")
-        out.append("| length | " + " | ".join(methods) + " |")
+        if len(set(metric_of.values())) == 1:
+            out.append(f"### {task} ({cells[0][1].metric}, %; {count})\n")
+            heads = methods
+        else:  # runs that score this task differently: each column names its metric
+            out.append(f"### {task} (%, metric per column; {count})\n")
+            heads = [f"{m} [{metric_of[m]}]" for m in methods]
+        out.append("| length | " + " | ".join(heads) + " |")
         out.append("|---|" + "---|" * len(methods))
-        index = {(lab, c.length): c for lab, c in cells}
+        index = {(lab, c.length, c.length_unit): c for lab, c in cells}
         for length, unit in lengths:
             row = []
             for m in methods:
-                c = index.get((m, length))
+                c = index.get((m, length, unit))
                 if c is None:
                     row.append("")
                     continue
@@ -108,7 +112,8 @@ def markdown_table(series: list[tuple[str, CellSummary]]) -> str:
                 elif c.n != full:  # a cell still running, or a grid resumed in pieces
                     txt += f" (n={c.n})"
                 row.append(txt)
-            ctx = next((c.mean_context_tokens for lab, c in cells if c.length == length and c.mean_context_tokens), None)
+            ctx = next((c.mean_context_tokens for lab, c in cells
+                        if c.length == length and c.length_unit == unit and c.mean_context_tokens), None)
             label = _length_label(length, unit) + (f" (~{ctx / 1000:.1f}K tok)" if unit == "docs" and ctx else "")
             out.append(f"| {label} | " + " | ".join(row) + " |")
         out.append("")
@@ -139,13 +144,15 @@ def accuracy_figure(series: list[tuple[str, CellSummary]]):
         cells = [(lab, c) for lab, c in series if c.task == task]
         labels = list(dict.fromkeys(lab for lab, _ in cells))
         full = max(c.n for _, c in cells)
+        metric_of = {lab: c.metric for lab, c in cells}
+        one_metric = len(set(metric_of.values())) == 1
         for i, lab in enumerate(labels):
             k = style[lab]
             pts = sorted((c.length, c.mean, c.stderr, c.n) for m, c in cells if m == lab)
             shift = 2 ** (0.04 * (i - (len(labels) - 1) / 2))  # equal scores stay visible side by side
             xs = [p[0] * shift for p in pts]
             ys = [100 * p[1] for p in pts]
-            ax.errorbar(xs, ys, yerr=[100 * p[2] for p in pts], capsize=3, label=lab,
+            ax.errorbar(xs, ys, yerr=[100 * p[2] for p in pts], capsize=3, label=lab if one_metric else f"{lab} [{metric_of[lab]}]",
                         color=f"C{k % 10}", marker="osD^v<>"[k % 7], linestyle=["-", "--", ":", "-."][k % 4])
             for x, y, p in zip(xs, ys, pts):
                 if p[3] != full:  # a partial cell: its n, so a reader does not take it for a full one
@@ -159,7 +166,7 @@ def accuracy_figure(series: list[tuple[str, CellSummary]]):
         ax.set_xlim(min(xs_all) / 1.6, max(xs_all) * 1.6)
         ax.set_xticklabels([_length_label(x, unit).replace(" docs", "") for x in xs_all])
         ax.set_xlabel("documents" if unit == "docs" else "context length (tokens)")
-        ax.set_ylabel(f"{cells[0][1].metric} (%)")
+        ax.set_ylabel(f"{cells[0][1].metric} (%)" if one_metric else "score (%, metric per line)")
         ax.set_ylim(-2, 102)
         ax.set_title(task)
         ax.grid(alpha=0.3)
@@ -173,17 +180,22 @@ def write_report(run_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLi
 
     Args:
         run_dirs: run folders (each with ``results.jsonl``).
-        out_dir: where to write (default: the first run folder).
+        out_dir: where to write (default: the run folder when there is one; required for several, so that a
+            comparison never replaces a run's own summary).
         plot: also draw the PNG.
 
     Returns:
         The files written.
 
     Raises:
-        DataError: no run folders, or a folder without results.
+        DataError: no run folders, or a folder without results, or several runs without ``out_dir``, or an
+            output folder that cannot be written.
     """
     if not run_dirs:
         raise DataError("give at least one run folder")
+    if out_dir is None and len(run_dirs) > 1:
+        raise DataError(f"comparing {len(run_dirs)} runs: give the output folder with --out (writing into the first "
+                        "run folder would replace its own summary)")
     runs = load_runs(run_dirs)
     series = _series(runs)
     if not series:
@@ -191,6 +203,13 @@ def write_report(run_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLi
     out = Path(out_dir) if out_dir is not None else Path(run_dirs[0])
     if out.exists() and not out.is_dir():
         raise DataError(f"report output {str(out)!r} is a file: give a folder with --out")
+    try:
+        return _write(out, runs, series, plot)
+    except OSError as e:
+        raise DataError(f"cannot write the report into {str(out)!r} ({e.strerror or e}); give a writable folder with --out") from None
+
+
+def _write(out: Path, runs, series, plot: bool) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "summary.csv", out / "summary.md"]
     write_csv(written[0], series)

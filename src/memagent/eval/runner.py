@@ -3,7 +3,8 @@
 Run folder layout::
 
     manifest.json        provenance: config, per-method hash, prompt hashes, backend/model, tokenizer, seeds,
-                         package version, git commit, data manifests
+                         package version, git commit; ``task_settings`` keeps the data settings of every
+                         task that has rows or data here, also those a later config leaves out
     results.jsonl        one row per (method, task, length, sample id), appended and fsync'ed as each
                          sample finishes
     data/                the samples of every (task, length) cell, built once and reused on resume
@@ -17,6 +18,8 @@ Guarantees:
 - Resume: rows already in ``results.jsonl`` are skipped by key, so a killed run continues where it stopped and
   never counts a sample twice; a torn last line (killed mid-write) is cut off. Rows written under a different
   method configuration (a different ``method_hash``) make the runner stop instead of mixing results.
+- Every selected cell's data is built or read before the first model call, so a bad length or file stops the
+  run at once instead of hours in.
 - Cells are independent: a sample's data depends only on (data seed, task, length, sample id), and sampling
   seeds only on (seed, sample id, turn), not on which cells ran before.
 
@@ -73,6 +76,8 @@ class ResultWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.done: dict[tuple[str, str, int, str], str] = {}
         self.hashes: dict[str, set[str]] = {}
+        self.tasks: set[str] = set()  # tasks with rows
+        self.metrics: dict[str, set[tuple[str, ...]]] = {}  # task -> the metric lists its rows were scored with
         if self.path.exists():
             self._repair_and_load()
         self._f = open(self.path, "a", encoding="utf-8")
@@ -84,25 +89,67 @@ class ResultWriter:
             with open(self.path, "r+b") as f:
                 f.truncate(keep)
             data = data[:keep]
-        for n, line in enumerate(data.decode("utf-8").splitlines(), 1):
+        from memagent.eval.metrics import check_row
+
+        for n, raw in enumerate(data.split(b"\n"), 1):
+            where = f"{self.path}:{n}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise DataError(f"{where}: result row is not UTF-8 text; fix or remove that line to resume") from None
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
-                key = row_key(row)
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-                raise DataError(f"{self.path}:{n}: malformed result row ({e}); fix or remove that line to resume") from None
-            self.done[key] = row["status"]
+            except json.JSONDecodeError as e:
+                raise DataError(f"{where}: malformed result row ({e}); fix or remove that line to resume") from None
+            check_row(row, where)
+            self.done[row_key(row)] = row["status"]
             self.hashes.setdefault(row["method"], set()).add(row.get("method_hash", ""))
+            self.tasks.add(row["task"])
+            self.metrics.setdefault(row["task"], set()).add(tuple(row["scores"]))
 
     def write(self, row: dict[str, Any]) -> None:
         self._f.write(json.dumps(row, ensure_ascii=False) + "\n")
         self._f.flush()
         os.fsync(self._f.fileno())
         self.done[row_key(row)] = row["status"]
+        self.tasks.add(row["task"])
+        self.metrics.setdefault(row["task"], set()).add(tuple(row["scores"]))
 
     def close(self) -> None:
         self._f.close()
+
+
+def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
+    """A run folder's ``manifest.json`` as a dict (``{}`` when the file does not exist).
+
+    Raises:
+        DataError: the file is not a JSON object (naming it and what to do).
+    """
+    p = Path(path)
+    if not p.exists():
+        return {}
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(f"{p}: not a readable manifest ({e}); restore it, or move it away to treat the folder as "
+                        "unrecorded (its settings are then not checked)") from None
+    if not isinstance(data, dict):
+        raise DataError(f"{p}: a manifest is a JSON object, got {type(data).__name__}; restore it or move it away")
+    return data
+
+
+#: Per task, the settings that decide its data and scores (what a resumed run may not change).
+TASK_SETTINGS = ("unit", "files", "metrics", "samples")
+
+
+def _task_settings(task: dict[str, Any]) -> dict[str, Any]:
+    out = {k: task.get(k) for k in TASK_SETTINGS}
+    # files by name: a run folder that moved (training validation) keeps its data
+    out["files"] = {str(k): Path(v).name for k, v in (task.get("files") or {}).items()}
+    out["metrics"] = list(task.get("metrics") or [])
+    return out
 
 
 def _package_version() -> str:
@@ -162,7 +209,10 @@ class EvalRunner:
         from memagent.data.io import read_samples, write_samples
 
         if length in task.files:
-            return read_samples(task.files[length], limit=task.samples)
+            samples = read_samples(task.files[length], limit=task.samples)
+            if not samples:
+                raise DataError(f"task {task.name!r}: the file for length {length} ({task.files[length]}) holds no samples")
+            return samples
         if task.files:
             raise ConfigError(f"task {task.name!r}: no file given for length {length} (files: {sorted(task.files)})")
         path = self.run_dir / "data" / f"{task.name}_{length}.jsonl"
@@ -194,7 +244,27 @@ class EvalRunner:
         return [build_ruler_sample(task.name, length, i, self.tokenizer, seed, data_root=root) for i in range(task.samples)]
 
     # ------------------------------------------------------------------------------------------- run
-    def write_manifest(self) -> None:
+    def _started_tasks(self, writer: ResultWriter | None) -> set[str]:
+        """Tasks that have result rows or built data in the run folder (their settings are fixed)."""
+        started = set(writer.tasks) if writer is not None else set()
+        data = self.run_dir / "data"
+        names = {t.name for t in self.config.tasks} | set(self._old_task_settings())
+        for name in names:
+            if any(data.glob(f"{name}_*.jsonl")):
+                started.add(name)
+        return started
+
+    def _old_task_settings(self) -> dict[str, dict[str, Any]]:
+        """The data settings recorded for each task by earlier runs into this folder (older manifests: their
+        config's tasks)."""
+        old = read_manifest(self.run_dir / "manifest.json")
+        if "task_settings" in old:
+            return dict(old["task_settings"])
+        return {t["name"]: _task_settings(t) for t in (old.get("config") or {}).get("tasks", []) if isinstance(t, dict)}
+
+    def write_manifest(self, writer: ResultWriter | None = None) -> None:
+        """Write ``manifest.json`` (keeping the first start time and the settings of tasks that have rows or data
+        but are not in this config)."""
         from memagent.agent.prompts import DEFAULT_TEMPLATES, PromptTemplates
 
         prompt_hashes = {}
@@ -213,6 +283,7 @@ class EvalRunner:
             "tokenizer": self.tokenizer.name,
             "seed": self.config.seed,
             "data_seed": self.config.data_seed,
+            "task_settings": self._merged_task_settings(writer),
             "package_version": _package_version(),
             "git_commit": _git_commit(),
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -220,10 +291,20 @@ class EvalRunner:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         path = self.run_dir / "manifest.json"
         if path.exists():  # a resumed run keeps its first start time and lists every resume
-            old = json.loads(path.read_text(encoding="utf-8"))
+            old = read_manifest(path)
             manifest["resumed_at"] = old.get("resumed_at", []) + [manifest["started_at"]]
             manifest["started_at"] = old.get("started_at", manifest["started_at"])
         path.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+    def _merged_task_settings(self, writer: ResultWriter | None) -> dict[str, dict[str, Any]]:
+        started = self._started_tasks(writer)
+        merged = {k: v for k, v in self._old_task_settings().items() if k in started}
+        for t in self.config.tasks:
+            new = _task_settings(json.loads(json.dumps(asdict(t))))
+            if t.name in merged:
+                new["samples"] = max(new["samples"], merged[t.name].get("samples") or 0)
+            merged[t.name] = new
+        return merged
 
     def run(self, only: Sequence[tuple[str, int | None]] | None = None,
             only_methods: Sequence[str] | None = None) -> Path:
@@ -239,8 +320,10 @@ class EvalRunner:
         Raises:
             ConfigError: the run folder holds rows of a differently configured method of the same name, or
                 ``only`` names a task or length not in the grid, or ``only_methods`` a method not in it.
-            DataError: a cell's data cannot be built or read.
+            DataError: a cell's data cannot be built or read (raised before any cell runs).
         """
+        if self.run_dir.exists() and not self.run_dir.is_dir():
+            raise ConfigError(f"run folder {str(self.run_dir)!r} is a file: give a folder with --output")
         selected = self._select(only)
         names = [m.name for m in self.config.methods]
         if only_methods is not None:
@@ -258,55 +341,78 @@ class EvalRunner:
                         f"(hash {sorted(old)[0]}); use a new --output folder or rename the method"
                     )
             self.check_methods()
-            self.check_resume()
-            self.write_manifest()
-            for task in self.config.tasks:
-                for length in task.lengths:
-                    if selected is not None and (task.name, length) not in selected:
+            self.check_resume(writer)
+            self.write_manifest(writer)
+            cells = [(t, n) for t in self.config.tasks for n in t.lengths if selected is None or (t.name, n) in selected]
+            self.prepare(cells)
+            for task, length in cells:
+                samples = self.cell_samples(task, length)
+                for method in self.config.methods:
+                    if only_methods is not None and method.name not in only_methods:
                         continue
-                    samples = self.cell_samples(task, length)
-                    for method in self.config.methods:
-                        if only_methods is not None and method.name not in only_methods:
-                            continue
-                        todo = [s for s in samples if self._needs_run(writer, method, task, length, s)]
-                        self.log(f"[{method.name} | {task.name} | {length}] {len(samples) - len(todo)} done, {len(todo)} to run")
-                        if todo:
-                            self._run_cell(writer, method, task, length, todo)
+                    todo = [s for s in samples if self._needs_run(writer, method, task, length, s)]
+                    self.log(f"[{method.name} | {task.name} | {length}] {len(samples) - len(todo)} done, {len(todo)} to run")
+                    if todo:
+                        self._run_cell(writer, method, task, length, todo)
         finally:
             writer.close()
         return self.run_dir / "results.jsonl"
 
-    def check_resume(self) -> None:
+    def prepare(self, cells: Sequence[tuple[TaskConfig, int]]) -> None:
+        """Build or read the data of every cell before any model call, so that an impossible length, a missing
+        or empty file, or a missing data root stops the run before hours of work; warns when a file holds
+        fewer samples than asked.
+
+        Raises:
+            ConfigError, DataError: from :meth:`cell_samples`, naming the task and length.
+        """
+        for task, length in cells:
+            n = len(self.cell_samples(task, length))
+            if n < task.samples:
+                self.log(f"warning: task {task.name!r} length {length}: {n} samples, fewer than samples: {task.samples}")
+
+    def check_resume(self, writer: ResultWriter | None = None) -> None:
         """Refuse to continue a run folder whose rows or built data came from other data settings.
 
         A resumed run may add tasks, lengths, methods and samples (a larger ``samples`` builds and runs the
-        missing ones). It may not change what existing rows were computed from: the data seed, or a kept task's
-        unit, files or metrics, or lower ``samples`` (rows beyond the new count would still be reported).
-        Method settings are checked separately, by method hash.
+        missing ones). For every task with rows or data in the folder, even one this config leaves out, it may
+        not change what existing rows were computed from: the data seed, the task's unit, files or metrics
+        (checked against the manifest and against the rows' own scores), or lower ``samples`` (rows beyond the
+        new count would still be reported). A folder with no rows or data yet (a first attempt that failed)
+        takes any settings. Method settings are checked separately, by method hash.
+
+        Args:
+            writer: the open results file (its rows' tasks and metrics); ``None`` reads only the manifest and
+                ``data/``.
 
         Raises:
             ConfigError: listing each difference, with the way out (a new ``--output`` folder).
         """
-        path = self.run_dir / "manifest.json"
-        if not path.exists():
+        started = self._started_tasks(writer)
+        if not started:
             return
-        old = json.loads(path.read_text(encoding="utf-8")).get("config") or {}
+        old = read_manifest(self.run_dir / "manifest.json")
+        old_cfg = old.get("config") or {}
         diffs = []
-        if "data_seed" in old and old["data_seed"] != self.config.data_seed:
-            diffs.append(f"data_seed {old['data_seed']} -> {self.config.data_seed}")
-        old_tasks = {t["name"]: t for t in old.get("tasks", [])}
+        if "data_seed" in old_cfg and old_cfg["data_seed"] != self.config.data_seed:
+            diffs.append(f"data_seed {old_cfg['data_seed']} -> {self.config.data_seed}")
+        old_tasks = self._old_task_settings()
         for t in self.config.tasks:
-            o = old_tasks.get(t.name)
-            if o is None:
+            if t.name not in started:
                 continue
-            new = json.loads(json.dumps(asdict(t)))
-            for d in (o, new):  # files by name: a run folder that moved (training validation) keeps its data
-                d["files"] = {k: Path(v).name for k, v in (d.get("files") or {}).items()}
-            for key in ("unit", "files", "metrics"):
-                if o.get(key) != new[key]:
-                    diffs.append(f"task {t.name!r} {key} {o.get(key)!r} -> {new[key]!r}")
-            if new["samples"] < o.get("samples", 0):
-                diffs.append(f"task {t.name!r} samples {o['samples']} -> {new['samples']} (samples may grow, not shrink)")
+            new = _task_settings(json.loads(json.dumps(asdict(t))))
+            o = old_tasks.get(t.name)
+            if o is not None:
+                for key in ("unit", "files", "metrics"):
+                    if o.get(key) != new[key]:
+                        diffs.append(f"task {t.name!r} {key} {o.get(key)!r} -> {new[key]!r}")
+                if new["samples"] < (o.get("samples") or 0):
+                    diffs.append(f"task {t.name!r} samples {o['samples']} -> {new['samples']} (samples may grow, not shrink)")
+            scored = (writer.metrics.get(t.name) if writer is not None else None) or set()
+            other = scored - {tuple(t.metric_names())}
+            if other and (o is None or o.get("metrics") == new["metrics"]):  # not already listed above
+                diffs.append(f"task {t.name!r} rows scored with {list(sorted(other)[0])}, this config scores "
+                             f"{list(t.metric_names())}")
         if diffs:
             raise ConfigError(f"{self.run_dir} was run with other data settings: {'; '.join(diffs)}. Its rows and "
                               "data/ came from the old ones; use a new --output folder (or restore the settings)")

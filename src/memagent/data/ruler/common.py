@@ -183,6 +183,9 @@ def fit_length(
     Raises:
         DataError: even ``min_units`` units overflow the budget.
     """
+    if budget_tokens < 1:
+        raise DataError(f"the target length leaves {budget_tokens} tokens for the prompt once the answer's tokens "
+                        "are set aside (RULER counts input + answer): use a longer length")
     tol = tolerance_tokens if tolerance_tokens is not None else max(20, budget_tokens // 200)
     _, base_text = build(0)
     base = count_tokens(tokenizer, base_text)  # fixed part of the prompt
