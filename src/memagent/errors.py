@@ -46,13 +46,19 @@ class BadResponse(BackendError):
     """The backend answered, but with something that is not a valid completion."""
 
 
+def closest(name: str, known: Iterable[str]) -> str | None:
+    """The known name closest to a misspelled ``name`` (difflib's ratio >= 0.6), or ``None``."""
+    close = difflib.get_close_matches(str(name), list(known), n=1)
+    return close[0] if close else None
+
+
 class UnknownNameError(MemagentError, KeyError):
     """A name (backend, task, verifier, loss variant ...) is not registered; suggests the closest one."""
 
     def __init__(self, kind: str, name: str, known: Iterable[str]):
         known = sorted(known)
-        close = difflib.get_close_matches(name, known, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
+        close = closest(name, known)
+        hint = f" Did you mean {close!r}?" if close else ""
         super().__init__(f"unknown {kind} {name!r}.{hint} Known: {', '.join(known)}")
         self.kind, self.name, self.known = kind, name, known
 

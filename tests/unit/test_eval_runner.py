@@ -412,17 +412,17 @@ def test_grid_values_of_the_wrong_type_are_named():
     base = {"methods": [{"name": "m"}], "tasks": [{"name": "vt", "lengths": [8]}], "backend": {"name": "scripted"}}
     bad = [
         ({"temperature": "hot"}, "config: temperature must be a number, got 'hot'"),
-        ({"seed": "abc"}, "config: seed must be a whole number, got 'abc'"),
-        ({"data_seed": 1.5}, "config: data_seed must be a whole number or null, got 1.5"),
+        ({"seed": "abc"}, "config: seed must be an integer, got 'abc'"),
+        ({"data_seed": 1.5}, "config: data_seed must be an integer, got 1.5"),
         ({"backend": "name"}, "config: backend must be a mapping, got 'name'"),
-        ({"tasks": [{"name": "vt", "lengths": [8], "samples": 2.5}]}, r"tasks\[0\]: samples must be a whole number, got 2.5"),
-        ({"methods": [{"name": "m", "chunk_tokens": 1000.7}]}, r"methods\[0\]: chunk_tokens must be a whole number"),
-        ({"methods": [{"name": "m", "kind": "agent"}]}, r"methods\[0\]: kind must be one of memory_agent, direct"),
+        ({"tasks": [{"name": "vt", "lengths": [8], "samples": 2.5}]}, r"tasks\[0\]: samples must be an integer, got 2.5"),
+        ({"methods": [{"name": "m", "chunk_tokens": 1000.7}]}, r"methods\[0\]: chunk_tokens must be an integer"),
+        ({"methods": [{"name": "m", "kind": "agent"}]}, r"methods\[0\]: kind must be one of 'memory_agent', 'direct', got 'agent'"),
     ]
     for change, message in bad:
         with pytest.raises(ConfigError, match=message):
             EvalConfig.from_dict({**base, **change})
     ok = EvalConfig.from_dict({**base, "temperature": 1, "methods": [{"name": "m", "templates": "p.yaml"}]}, base="/grids")
-    assert ok.temperature == 1 and ok.methods[0].templates == "/grids/p.yaml"
+    assert ok.temperature == 1.0 and isinstance(ok.temperature, float) and ok.methods[0].templates == "/grids/p.yaml"
     hotpot = EvalConfig.from_dict({**base, "tasks": [{"name": "hotpotqa", "lengths": [10], "files": {10: "h.jsonl"}}]})
     assert hotpot.tasks[0].length_unit == "docs"  # a label in documents, like built hotpotqa cells

@@ -51,10 +51,9 @@ def make_backend(name: str, **kwargs: Any) -> Backend:
         UnknownNameError: no backend of that name (suggests the closest).
         ConfigError: a keyword the backend does not take (names the closest valid one).
     """
-    import difflib
     import inspect
 
-    from memagent.errors import ConfigError
+    from memagent.errors import ConfigError, closest
 
     factory = BACKENDS.get(name)
     params = inspect.signature(factory).parameters
@@ -62,8 +61,8 @@ def make_backend(name: str, **kwargs: Any) -> Backend:
         valid = [k for k, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and k != "self"]
         for k in kwargs:
             if k not in valid:
-                close = difflib.get_close_matches(k, valid, n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
+                close = closest(k, valid)
+                hint = f"; did you mean {close!r}?" if close else ""
                 raise ConfigError(f"backend {name!r} has no setting {k!r}{hint} (settings: {', '.join(valid)})")
     return factory(**kwargs)
 

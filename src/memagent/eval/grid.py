@@ -26,10 +26,8 @@ the wrong type (``samples: 2.5``, ``temperature: hot``) is an error naming the k
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
-import types
 import typing
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -37,7 +35,8 @@ from typing import Any, Literal
 
 import yaml
 
-from memagent.errors import ConfigError
+from memagent.configtypes import coerce
+from memagent.errors import ConfigError, closest
 
 MethodKind = Literal["memory_agent", "direct"]
 
@@ -112,16 +111,16 @@ class TaskConfig:
             from memagent.data.ruler import ALL_TASKS
 
             if self.name not in ALL_TASKS:
-                close = difflib.get_close_matches(self.name, ("hotpotqa", *ALL_TASKS), n=1)
-                hint = f"did you mean {close[0]!r}? " if close else ""
+                close = closest(self.name, ("hotpotqa", *ALL_TASKS))
+                hint = f"did you mean {close!r}? " if close else ""
                 raise ConfigError(f"task {self.name!r}: not a task memagent can build ({hint}known: hotpotqa, "
                                   f"{', '.join(ALL_TASKS)}); for your own data give files: {{length: path}}")
         from memagent.verifiers import VERIFIERS
 
         for m in self.metrics:
             if m not in VERIFIERS:
-                close = difflib.get_close_matches(str(m), VERIFIERS.names(), n=1)
-                hint = f"did you mean {close[0]!r}? " if close else ""
+                close = closest(m, VERIFIERS.names())
+                hint = f"did you mean {close!r}? " if close else ""
                 raise ConfigError(f"task {self.name!r}: unknown metric {m!r} ({hint}known: {', '.join(VERIFIERS.names())})")
 
     @property
@@ -217,8 +216,7 @@ class EvalConfig:
                 t["files"] = files
             tasks.append(_build(TaskConfig, t, at))
         rest = {k: v for k, v in d.items() if k not in ("methods", "tasks")}
-        _check_types(cls, rest, where)
-        return cls(methods=methods, tasks=tuple(tasks), **rest)
+        return cls(methods=methods, tasks=tuple(tasks), **_check_types(cls, rest, where))
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> EvalConfig:
@@ -266,63 +264,18 @@ def _relative_to(path: str, base: str | Path | None) -> str:
     return str(Path(base) / path) if base is not None and not Path(path).is_absolute() else path
 
 
-def _type_ok(value: Any, tp: Any) -> bool:
-    """Whether a YAML/JSON value fits a field annotation (int, float, str, bool, Optional, Literal, tuple[X, ...],
-    dict[K, V], Any); ints are accepted for floats, bools are not numbers."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if tp is Any:
-        return True
-    if origin in (typing.Union, types.UnionType):
-        return any(_type_ok(value, a) for a in args)
-    if tp is type(None):
-        return value is None
-    if origin is Literal:
-        return value in args
-    if tp is bool:
-        return isinstance(value, bool)
-    if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if tp is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if tp is str:
-        return isinstance(value, str)
-    if origin is tuple:
-        return isinstance(value, (list, tuple)) and all(_type_ok(v, args[0]) for v in value)
-    if origin is dict:
-        return isinstance(value, dict) and all(_type_ok(k, args[0]) and _type_ok(v, args[1]) for k, v in value.items())
-    return True
-
-
-_TYPE_WORDS = {int: "a whole number", float: "a number", str: "a string", bool: "true or false"}
-
-
-def _describe(tp: Any) -> str:
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join("null" if a is type(None) else _describe(a) for a in args)
-    if origin is Literal:
-        return "one of " + ", ".join(map(str, args))
-    if origin is tuple:
-        return f"a list of {_describe(args[0])}s"
-    if origin is dict:
-        return "a mapping"
-    return _TYPE_WORDS.get(tp, getattr(tp, "__name__", str(tp)))
-
-
-def _check_types(cls: type, d: dict[str, Any], where: str) -> None:
-    """Refuse a value whose type does not fit its field (YAML gives ``2.5`` or ``hot`` where a number is due)."""
+def _check_types(cls: type, d: dict[str, Any], where: str) -> dict[str, Any]:
+    """``d`` with each value converted to its field's type (:func:`memagent.configtypes.coerce`)."""
     hints = typing.get_type_hints(cls)
-    for k, v in d.items():
-        if k in hints and not _type_ok(v, hints[k]):
-            raise ConfigError(f"{where}: {k} must be {_describe(hints[k])}, got {v!r}")
+    return {k: coerce(v, hints[k], f"{where}: {k}") if k in hints else v for k, v in d.items()}
 
 
 def _check_keys(d: dict[str, Any], cls: type, where: str) -> None:
     valid = [f.name for f in fields(cls)]
     for k in d:
         if k not in valid:
-            close = difflib.get_close_matches(k, valid, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
+            close = closest(k, valid)
+            hint = f"; did you mean {close!r}?" if close else ""
             raise ConfigError(f"{where}: unknown key {k!r}{hint} (valid: {', '.join(valid)})")
 
 
@@ -330,7 +283,7 @@ def _build(cls: type, d: Any, where: str):
     if not isinstance(d, dict):
         raise ConfigError(f"{where}: expected a mapping")
     _check_keys(d, cls, where)
-    _check_types(cls, d, where)
+    d = _check_types(cls, d, where)
     try:
         return cls(**d)
     except TypeError as e:

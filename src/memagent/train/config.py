@@ -10,9 +10,7 @@ Source: reference values in reference-memagent.md §4.1 (see ``configs/train_ref
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
-import types
 import typing
 import warnings
 from dataclasses import dataclass, field
@@ -20,7 +18,8 @@ from typing import Any, Literal
 
 import yaml
 
-from memagent.errors import ConfigError
+from memagent.configtypes import coerce
+from memagent.errors import ConfigError, closest
 from memagent.rl.kl import KL_TYPES
 from memagent.rl.losses import AGG_MODES
 
@@ -194,64 +193,14 @@ class TrainConfig:
                 "small (the policy barely changes); train with model.dtype=float32", stacklevel=2)
 
 
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _coerce(value, a, key)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(errors[0] if errors else f"{key}: bad value {value!r}")
-    if origin is Literal:
-        if value not in args:
-            raise ConfigError(f"{key} must be one of {', '.join(map(repr, args))}, got {value!r}")
-        return value
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key} must be a list, got {value!r}")
-        inner = args if len(args) != 2 or args[1] is not Ellipsis else (args[0],) * len(value)
-        if len(inner) != len(value):
-            raise ConfigError(f"{key} must have {len(inner)} items, got {value!r}")
-        return tuple(_coerce(v, t, key) for v, t in zip(value, inner))
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key} must be true or false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key} must be an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, str):  # YAML 1.1 reads "1e-5" (no dot) as a string
-            try:
-                value = float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key} must be a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{key} must be a string, got {value!r}")
-        return value
-    return value
-
-
 def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     unknown = [k for k in data if k not in names]
     if unknown:
         k = unknown[0]
-        close = difflib.get_close_matches(k, names, n=1)
-        hint = f"; did you mean {prefix}{close[0]}?" if close else f"; known: {', '.join(names)}"
+        close = closest(k, names)
+        hint = f"; did you mean {prefix}{close}?" if close else f"; known: {', '.join(names)}"
         raise ConfigError(f"unknown config key {prefix}{k}{hint}")
     kwargs = {}
     for name in names:
@@ -263,7 +212,7 @@ def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
                 raise ConfigError(f"{prefix}{name} must be a mapping")
             kwargs[name] = _build(tp, data[name], f"{prefix}{name}.")
         else:
-            kwargs[name] = _coerce(data[name], tp, prefix + name)
+            kwargs[name] = coerce(data[name], tp, prefix + name)
     return cls(**kwargs)
 
 
