@@ -61,6 +61,9 @@ def build_backend(backend: str, model: str | None, base_url: str | None, api_key
             raise ConfigError("--backend hf needs --model (an HF model directory or a .gguf file)")
         b = make_backend("hf", model=model, context_tokens=n_ctx)
     else:
+        if model:
+            raise ConfigError(f"--model is not used by --backend {backend}; drop it, or pick the backend that "
+                              "loads it (llamacpp, hf or openai)")
         b = make_backend(backend, context_tokens=n_ctx)
     return b, tok
 
@@ -83,30 +86,105 @@ def _fail(e: Exception) -> None:
 
 
 def _read_document(document: str) -> str:
-    if document == "-":
-        return sys.stdin.read()
-    p = Path(document)
-    if not p.is_file():
-        from memagent.errors import DataError
+    """The document's text from a file or stdin (``-``); bytes that are not UTF-8 are replaced, with a warning.
 
-        raise DataError(f"--document {document!r} is not a file; give a text file path or '-' for stdin")
-    raw = p.read_bytes()
+    Raises:
+        DataError: not a file, or unreadable.
+    """
+    from memagent.errors import DataError
+
+    name = "stdin" if document == "-" else document
     try:
-        return raw.decode("utf-8-sig")  # a leading byte-order mark is not part of the text
+        if document == "-":
+            raw = sys.stdin.buffer.read()
+        else:
+            p = Path(document)
+            if not p.is_file():
+                raise DataError(f"--document {document!r} is not a file; give a text file path or '-' for stdin")
+            raw = p.read_bytes()
+    except OSError as e:
+        raise DataError(f"cannot read --document {name}: {e.strerror or e}") from None
+    try:
+        text = raw.decode("utf-8-sig")  # a leading byte-order mark is not part of the text
     except UnicodeDecodeError as e:
-        typer.secho(f"warning: {document} is not valid UTF-8 ({e.reason} at byte {e.start}); undecodable bytes "
+        typer.secho(f"warning: {name} is not valid UTF-8 ({e.reason} at byte {e.start}); undecodable bytes "
                     "are replaced by U+FFFD", fg="yellow", err=True)
-        return raw.decode("utf-8-sig", errors="replace")
+        text = raw.decode("utf-8-sig", errors="replace")
+    if not text.strip():
+        typer.secho(f"warning: the document ({name}) is empty: the answer comes from no memory at all",
+                    fg="yellow", err=True)
+    return text
 
 
-def _open_for_writing(path: Path | None, flag: str):
-    """Open an output file before any model is loaded, so a bad path fails fast and clearly."""
+def _check_paths(inputs: dict[str, Path | None], outputs: dict[str, Path | None]) -> None:
+    """Refuse an output that is an input or another output, a folder, or in a folder that cannot be written;
+    checked before any model loads and before any file is opened, so nothing is overwritten by a run that
+    cannot start."""
+    import os
+
+    seen: dict[Path, str] = {p.resolve(): flag for flag, p in inputs.items() if p is not None}
+    for flag, p in outputs.items():
+        if p is None:
+            continue
+        r = p.resolve()
+        if r in seen:
+            raise MemagentError(f"{flag} {p} is also {seen[r]}; write {flag} to another file")
+        seen[r] = flag
+        if p.is_dir():
+            raise MemagentError(f"{flag} {p} is a folder; give a file path")
+        parent = r.parent
+        if not parent.is_dir():
+            raise MemagentError(f"cannot write {flag} {p}: folder {parent} does not exist")
+        if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+            raise MemagentError(f"cannot write {flag} {p}: permission denied")
+
+
+def _open_for_writing(path: Path | None, flag: str, append: bool = False):
+    """Open an output file (``append``: keep what it holds, after cutting a torn last line)."""
     if path is None:
         return None
     try:
-        return open(path, "w", encoding="utf-8")
+        if append and path.exists():
+            data = path.read_bytes()
+            if data and not data.endswith(b"\n"):  # a row torn by a kill
+                with open(path, "r+b") as f:
+                    f.truncate(data.rfind(b"\n") + 1)
+        return open(path, "a" if append else "w", encoding="utf-8")
     except OSError as e:
         raise MemagentError(f"cannot write {flag} {path}: {e.strerror}") from None
+
+
+def _finished_ids(path: Path) -> set[str]:
+    """Ids of the samples a predictions file already holds with status ``ok`` (``--resume``)."""
+    from memagent.errors import DataError
+
+    done: set[str] = set()
+    if not path.exists():
+        return done
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    if not data.endswith(b"\n"):
+        lines = lines[:-1]  # the torn last row of a killed run: it is cut off and run again
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise DataError(f"{path}:{n}: not a predictions row; --resume needs the file a previous run wrote") from None
+        if isinstance(row, dict) and row.get("status") == "ok" and "id" in row:
+            done.add(str(row["id"]))
+    return done
+    for n, line in enumerate(path.read_bytes().split(b"\n"), 1):
+        try:
+            row = json.loads(line) if line.strip() else None
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            if not path.read_bytes().endswith(b"\n") and n == path.read_bytes().count(b"\n") + 1:
+                break  # the torn last row of a killed run: it is cut off and run again
+            raise DataError(f"{path}:{n}: not a predictions row; --resume needs the file a previous run wrote") from None
+        if isinstance(row, dict) and row.get("status") == "ok" and "id" in row:
+            done.add(str(row["id"]))
+    return done
 
 
 def _prediction_row(sample, traj) -> dict:
@@ -134,11 +212,13 @@ def run(
     final_tokens: int = FINAL, max_context_tokens: Optional[int] = MAXCTX, temperature: float = TEMP,
     top_p: float = TOP_P, seed: int = SEED, batch_size: int = BATCH, templates: Optional[Path] = TEMPLATES,
     threads: Optional[int] = THREADS,
+    resume: bool = typer.Option(False, "--resume", help="with --input/--output: keep the rows --output already holds and run only the samples it lacks (or that failed)"),
 ):
     """Answer a question over a long document (or every sample of a JSONL file).
 
     Exit status: 0 when every sample was answered, 1 when some request failed (the failed samples are rows
-    with status "error"), 2 on bad input or settings.
+    with status "error"), 2 on bad input or settings. Output files are opened only once the model and every
+    budget check are ready, so a run that cannot start leaves them as they were.
     """
     from memagent.agent.loop import trace_rows
     from memagent.types import Sample
@@ -149,21 +229,31 @@ def run(
                 raise MemagentError("give either --question/--document or --input, not both")
             from memagent.data.io import read_samples
 
+            _check_paths({"--input": input}, {"--output": output, "--trace": trace})
             samples = read_samples(input)
             if not samples:
                 raise MemagentError(f"--input {input} holds no samples")
-            if output is not None and output.resolve() == input.resolve():
-                raise MemagentError("--output is the --input file; write predictions to another file")
+            if resume:
+                if output is None:
+                    raise MemagentError("--resume needs --output (the predictions file to continue)")
+                done = _finished_ids(output)
+                samples = [s for s in samples if s.id not in done]
+                typer.echo(f"--resume: {len(done)} samples already in {output}, {len(samples)} to run", err=True)
         else:
             if question is None or document is None:
                 raise MemagentError("give --question and --document (a file or '-'), or --input samples.jsonl")
             if not question.strip():
                 raise MemagentError("--question is empty")
+            if resume:
+                raise MemagentError("--resume continues an --input run; it does not apply to --question/--document")
+            _check_paths({"--document": None if document == "-" else Path(document)}, {"--output": output, "--trace": trace})
             samples = [Sample("0", question, _read_document(document))]
-        out_f, trace_f = _open_for_writing(output, "--output"), _open_for_writing(trace, "--trace")
         b, tok = build_backend(backend, model, base_url, api_key_env, n_ctx, concurrency, tokenizer, threads)
         agent = _agent(b, tok, chunk_tokens, memory_tokens, final_tokens, max_context_tokens, temperature, top_p,
                        seed, batch_size, templates)
+        for s in samples:  # every budget before any output file is touched
+            agent.check_budget(s.question, s.id)
+        out_f, trace_f = _open_for_writing(output, "--output", resume), _open_for_writing(trace, "--trace", resume)
 
         def on_turn(sample, turn):
             if show_memory and turn.kind == "update":
@@ -191,8 +281,9 @@ def run(
     n_err = sum(not t.ok for t in trajs)
     if input is None:
         t = trajs[0]
-        if t.error:
-            _fail(MemagentError(t.error))
+        if t.error:  # a failed request, not bad input: status 1 like a failed sample of --input
+            typer.secho(f"error: {t.error}", fg="red", err=True)
+            raise typer.Exit(1)
         typer.echo(t.answer)
     else:
         typer.echo(f"{len(trajs)} samples, {n_err} failed" + (f"; predictions in {output}" if output else ""), err=True)

@@ -114,7 +114,7 @@ def test_run_refuses_to_overwrite_input_and_bad_output_paths(tmp_path):
     inp = tmp_path / "in.jsonl"
     inp.write_text('{"id": "a", "question": "q", "context": "x"}\n')
     r = _run("run", "-i", str(inp), "-o", str(inp), "-b", "scripted")
-    assert r.exit_code == 2 and "--output is the --input file" in r.output
+    assert r.exit_code == 2 and "is also --input; write --output to another file" in r.output
     assert inp.read_text() == '{"id": "a", "question": "q", "context": "x"}\n'
     r = _run("run", "-i", str(inp), "-o", str(tmp_path / "no" / "such" / "dir.jsonl"), "-b", "scripted")
     assert r.exit_code == 2 and "cannot write --output" in r.output
@@ -134,3 +134,83 @@ def test_run_strips_byte_order_mark_and_warns_on_bad_utf8(tmp_path):
     r = _run("run", "-q", "Q", "-d", str(bad), "-b", "scripted")
     assert r.exit_code == 0 and "not valid UTF-8" in r.output
     assert r.stdout.strip().splitlines()[-1] == "caf\ufffd au lait"
+
+
+def _input(tmp_path, n=3):
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("".join(json.dumps({"id": f"s{i}", "question": "q", "context": f"doc {i}"}) + "\n" for i in range(n)))
+    return inp
+
+
+def test_a_run_that_cannot_start_leaves_outputs_alone(tmp_path):
+    inp, out = _input(tmp_path), tmp_path / "preds.jsonl"
+    assert _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted").exit_code == 0
+    before = out.read_text()
+    assert len(before.splitlines()) == 3
+    for bad in (["--n-ctx", "1000"], ["--templates", str(tmp_path / "missing.yaml")], ["--model", "x.gguf"]):
+        r = _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted", *bad)
+        assert r.exit_code == 2, r.output
+        assert out.read_text() == before  # refused before the file was opened
+    assert "--model is not used by --backend scripted" in r.output
+
+
+def test_outputs_may_not_be_inputs_or_each_other(tmp_path):
+    inp, doc = _input(tmp_path), tmp_path / "doc.txt"
+    doc.write_text("the document")
+    cases = [
+        (["-i", str(inp), "-o", str(tmp_path / "p.jsonl"), "--trace", str(inp)], "--trace", "is also --input"),
+        (["-q", "Q", "-d", str(doc), "--trace", str(doc)], "--trace", "is also --document"),
+        (["-q", "Q", "-d", str(doc), "-o", str(doc)], "--output", "is also --document"),
+        (["-i", str(inp), "-o", str(tmp_path / "same.jsonl"), "--trace", str(tmp_path / "same.jsonl")], "--trace", "is also --output"),
+        (["-i", str(inp), "-o", str(tmp_path)], "--output", "is a folder"),
+    ]
+    for args, flag, message in cases:
+        r = _run("run", *args, "-b", "scripted")
+        assert r.exit_code == 2 and flag in r.output and message in r.output, r.output
+    assert doc.read_text() == "the document" and len(inp.read_text().splitlines()) == 3
+
+
+def test_resume_keeps_finished_rows_and_runs_the_rest(tmp_path):
+    inp, out = _input(tmp_path, 4), tmp_path / "preds.jsonl"
+    assert _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted").exit_code == 0
+    full = out.read_text().splitlines()
+    failed = dict(json.loads(full[2]), status="error")
+    out.write_text(full[0] + "\n" + json.dumps(failed) + "\n" + full[1][:40])  # s0 done, s2 failed, s1 torn by a kill
+    r = _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted", "--resume")
+    assert r.exit_code == 0 and "--resume: 1 samples already in" in r.output and "3 to run" in r.output
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [x["id"] for x in rows] == ["s0", "s2", "s1", "s2", "s3"]  # the later s2 row supersedes the failed one
+    assert [json.dumps(x) for x in rows if x["status"] == "ok"] == [json.dumps(json.loads(x)) for x in full[:1]] + [
+        json.dumps(json.loads(x)) for x in sorted(full[1:], key=lambda t: json.loads(t)["id"])]
+    r = _run("run", "-q", "Q", "-d", "-", "-b", "scripted", "--resume", input="x")
+    assert r.exit_code == 2 and "--resume continues an --input run" in r.output
+
+
+def test_input_encoding_and_question_errors(tmp_path):
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes("\ufeff".encode() + b'{"id": "a", "question": "q", "context": "x"}\n')
+    assert _run("run", "-i", str(bom), "-b", "scripted").exit_code == 0
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes(b'{"id": "a", "question": "q", "context": "caf\xe9"}\n')
+    r = _run("run", "-i", str(latin), "-b", "scripted")
+    assert r.exit_code == 2 and "latin.jsonl:1: not UTF-8 text (invalid continuation byte at byte" in r.output
+    blank = tmp_path / "blank.jsonl"
+    blank.write_text('{"id": "a", "question": "  ", "context": "x"}\n')
+    r = _run("run", "-i", str(blank), "-b", "scripted")
+    assert r.exit_code == 2 and "blank.jsonl:1: field 'question' is empty" in r.output
+    (tmp_path / "dir.jsonl").mkdir()
+    r = _run("run", "-i", str(tmp_path / "dir.jsonl"), "-b", "scripted")
+    assert r.exit_code == 2 and "is a folder" in r.output
+    r = _run("run", "-q", "Q", "-d", "-", "-b", "scripted", input=b"caf\xe9\n")
+    assert r.exit_code == 0 and "stdin is not valid UTF-8" in r.output and r.stdout.strip().splitlines()[-1] == "caf\ufffd"
+    r = _run("run", "-q", "Q", "-d", "-", "-b", "scripted", input="")
+    assert r.exit_code == 0 and "the document (stdin) is empty" in r.output
+
+
+def test_single_question_with_a_failed_request_exits_1(tmp_path, monkeypatch):
+    import memagent.cli as cli
+    from memagent.backends.scripted import ScriptedBackend
+
+    monkeypatch.setattr(cli, "build_backend", lambda *a, **k: (ScriptedBackend(fail=lambda r: r.request_id.endswith("final")), None))
+    r = _run("run", "-q", "Q", "-d", "-", input="text")
+    assert r.exit_code == 1 and "error: 0/final: scripted failure" in r.output

@@ -232,3 +232,11 @@ def test_budget_error_suggests_chunk_and_memory_bounds_and_n_ctx():
     assert msg.endswith("use a model with a larger context window (--n-ctx)")
     with pytest.raises(ConfigError, match=r"shorten the question \(it alone is 1700 tokens\)"):
         _agent(ScriptedBackend(context_tokens=2048), chunk_tokens=10, memory_tokens=10).check_budget("q" * 1700)
+
+
+def test_agent_config_refuses_values_of_the_wrong_type():
+    for kw, message in [({"chunk_tokens": 1.5}, "chunk_tokens must be a whole number, got 1.5"),
+                        ({"memory_tokens": "1024"}, "memory_tokens must be a whole number, got '1024'"),
+                        ({"temperature": "hot"}, "temperature must be a number, got 'hot'")]:
+        with pytest.raises(ConfigError, match=message):
+            AgentConfig(**kw)

@@ -125,3 +125,15 @@ def test_real_dev_subset(data_root, gguf_tokenizer, tmp_path):
     assert manifest["pool_size"] == 19033 and manifest["num_samples"] == 3 and manifest["num_docs"] == 20
     ref = json.loads((tmp_path / "eval_20.json").read_text())
     assert [r["num_docs"] for r in ref] == [20, 20, 20] and set(ref[0]) == {"context", "input", "answers", "num_docs", "index"}
+
+
+def test_malformed_hotpotqa_files_are_named(tmp_path):
+    from memagent.data.hotpotqa import load_hotpotqa
+
+    p = tmp_path / "dev.jsonl"
+    for text, message in [("not json\n", r"dev.jsonl:1: invalid JSON"),
+                          ('{"question": "q", "answer": "a", "context": [["t"]]}\n', r"dev.jsonl:1: field 'context' must be"),
+                          ("[1]\n", r"dev.jsonl:1: expected a HotpotQA record")]:
+        p.write_text(text)
+        with pytest.raises(DataError, match=message):
+            load_hotpotqa(p)

@@ -38,6 +38,16 @@ def test_overrides_and_types():
     (["data.synthetic_train_size=0"], "synthetic_train_size must be >= 1"),
     (["data.val_context_multipliers=[1, 0]"], "val_context_multipliers must be whole numbers >= 1"),
     (["rl.agg_mode=seq-mean-token-sum-norm"], "needs rl.horizon_tokens"),
+    (["optim.betas=[0.9, 2]"], r"need 0 <= optim.betas < 1"),
+    (["optim.weight_decay=-1"], r"optim.weight_decay >= 0"),
+    (["rl.kl_coef=-1"], r"need rl.kl_coef >= 0 and rl.entropy_coef >= 0"),
+    (["rl.entropy_coef=-0.1"], r"need rl.kl_coef >= 0 and rl.entropy_coef >= 0"),
+    (["model.logprob_chunk_tokens=0"], "model.logprob_chunk_tokens must be >= 1"),
+    (["data.synthetic_context_words=-5"], "data.synthetic_context_words must be >= 1"),
+    (["data.val_size=0"], "need data.val_size >= 1 and data.synthetic_val_size >= 1 .to skip validation"),
+    (["data.val_context_multipliers=[]"], "val_context_multipliers needs at least one entry"),
+    (["agent.batch_size=0"], "need agent.chunk_tokens, agent.memory_tokens, agent.final_tokens and agent.batch_size >= 1"),
+    (["agent.chunk_tokens=0"], "need agent.chunk_tokens, agent.memory_tokens"),
 ])
 def test_bad_settings_are_named(override, message):
     with pytest.raises(ConfigError, match=message):
@@ -58,3 +68,14 @@ def test_bfloat16_training_at_small_lr_warns():
         warnings.simplefilter("error")
         load_config(None, ["data.synthetic=needle", "model.dtype=float32", "optim.lr=1e-5"])
         load_config("configs/train_needle_smollm2.yaml")
+
+
+def test_empty_training_file_is_named(tmp_path):
+    from memagent.errors import DataError
+    from memagent.train.trainer import _train_data
+
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    cfg = load_config("configs/train_cpu_small.yaml", [f"data.train_path={empty}", "data.synthetic=null"])
+    with pytest.raises(DataError, match="data.train_path .*empty.jsonl holds no samples"):
+        _train_data(cfg)

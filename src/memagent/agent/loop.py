@@ -75,6 +75,14 @@ class AgentConfig:
     slack_tokens: int = 16
 
     def __post_init__(self):
+        for name in ("chunk_tokens", "memory_tokens", "final_tokens", "batch_size", "slack_tokens", "max_context_tokens", "seed"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+                raise ConfigError(f"{name} must be a whole number, got {v!r}")
+        for name in ("temperature", "top_p"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise ConfigError(f"{name} must be a number, got {v!r}")
         for name in ("chunk_tokens", "memory_tokens", "final_tokens", "batch_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -180,6 +188,11 @@ class MemoryAgent:
                     mem_max = (window - (need - 2 * c.memory_tokens)) // 2
                     if mem_max >= 1:
                         fixes.append(f"lower --memory-tokens to at most {mem_max} (it counts twice: memory in, memory out)")
+                    room = window - (need - c.chunk_tokens - mem_in - c.memory_tokens)  # for chunk + memory in/out
+                    mem = max(1, room // 4)
+                    chunk = room - max(mem, count_tokens(self.tokenizer, self.templates.no_memory)) - mem
+                    if chunk >= 1 and (c.chunk_tokens - over < 1 or mem_max < 1):  # no single setting is enough
+                        fixes.append(f"lower both, e.g. --chunk-tokens {chunk} --memory-tokens {mem}")
                 else:
                     if c.final_tokens - over >= 1:
                         fixes.append(f"lower --final-tokens to at most {c.final_tokens - over}")

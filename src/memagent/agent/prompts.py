@@ -105,6 +105,9 @@ class PromptTemplates:
             raise ConfigError(f"cannot read prompt templates {os.fspath(path)!r}: {e}") from e
         except yaml.YAMLError as e:
             raise ConfigError(f"prompt templates {os.fspath(path)!r} are not valid YAML: {e}") from e
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"prompt templates {os.fspath(path)!r} are not UTF-8 text ({e.reason} at byte "
+                              f"{e.start}); re-encode the file as UTF-8") from None
         if not isinstance(data, dict) or not {"update", "final"} <= data.keys():
             raise ConfigError(f"prompt templates {os.fspath(path)!r} need the keys 'update' and 'final'")
         unknown = set(data) - {"update", "final", "no_memory", "system"}

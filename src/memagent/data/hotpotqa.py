@@ -15,7 +15,6 @@ file: 66,635), so up to about 19,000 documents (~2.7M tokens) can be built witho
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -70,21 +69,23 @@ def load_hotpotqa(path: str | os.PathLike) -> list[HotpotRecord]:
     p = Path(path)
     if not p.is_file():
         raise DataError(f"HotpotQA file {str(p)!r} not found")
-    if p.suffix == ".jsonl":
-        with open(p, encoding="utf-8") as f:
-            raw = [(f"{p}:{i}", json.loads(line)) for i, line in enumerate(f, 1) if line.strip()]
-    else:
-        with open(p, encoding="utf-8") as f:
-            raw = [(f"{p}[{i}]", r) for i, r in enumerate(json.load(f))]
+    from memagent.data.io import iter_records
+
     out = []
-    for where, r in raw:
+    for where, r in iter_records(p):  # invalid JSON or text is a DataError naming file and line
+        if not isinstance(r, dict):
+            raise DataError(f"{where}: expected a HotpotQA record (a JSON object), got {type(r).__name__}")
         for key in ("question", "answer", "context"):
             if key not in r:
                 raise DataError(f"{where}: missing field {key!r}")
         ctx = r["context"]
-        if isinstance(ctx, dict):  # HF layout: {"title": [...], "sentences": [[...]]}
-            ctx = list(zip(ctx["title"], ctx["sentences"]))
-        paras = tuple((t, "".join(sents)) for t, sents in ctx)
+        try:
+            if isinstance(ctx, dict):  # HF layout: {"title": [...], "sentences": [[...]]}
+                ctx = list(zip(ctx["title"], ctx["sentences"]))
+            paras = tuple((str(t), "".join(sents)) for t, sents in ctx)
+        except (KeyError, TypeError, ValueError):
+            raise DataError(f"{where}: field 'context' must be [[title, [sentence, ...]], ...] (or the HF layout "
+                            "{title: [...], sentences: [[...]]})") from None
         gold = frozenset(t for t, _ in (r.get("supporting_facts") or []))
         rid = r.get("dev_index", r.get("_id", where))
         out.append(HotpotRecord(str(rid), r["question"], r["answer"], paras, gold))

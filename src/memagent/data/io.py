@@ -33,32 +33,53 @@ def _format(path: Path) -> str:
     raise DataError(f"{str(path)!r}: unknown file type; use one of {', '.join(_FORMATS)}")
 
 
+def _read_bytes(p: Path) -> bytes:
+    try:
+        return p.read_bytes()
+    except OSError as e:
+        raise DataError(f"cannot read {str(p)!r}: {e.strerror or e}") from None
+
+
+def _decode(raw: bytes, where: str, first: bool) -> str:
+    """UTF-8 text of a line or file (a byte-order mark at the start of the file is dropped).
+
+    Raises:
+        DataError: naming ``where`` and the byte offset, with what to do.
+    """
+    try:
+        return raw.decode("utf-8-sig" if first else "utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{where}: not UTF-8 text ({e.reason} at byte {e.start}); re-encode the file as UTF-8 "
+                        "(e.g. iconv -f latin1 -t utf-8)") from None
+
+
 def iter_records(path: str | os.PathLike) -> Iterator[tuple[str, Any]]:
     """Yield ``(location, record)`` for every record of a JSONL / JSON / parquet file.
 
     ``location`` is ``"<file>:<line>"`` for JSONL and ``"<file>[<row>]"`` otherwise.
 
     Raises:
-        DataError: the file is missing, or a line/file is not valid JSON.
+        DataError: the file is missing, a folder or unreadable, not UTF-8, or a line/file is not valid JSON.
     """
     p = Path(path)
     fmt = _format(p)
+    if p.is_dir():
+        raise DataError(f"input file {str(p)!r} is a folder; give a {fmt} file")
     if not p.is_file():
         raise DataError(f"input file {str(p)!r} not found")
     if fmt == ".jsonl":
-        with open(p, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{p}:{lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
-                yield f"{p}:{lineno}", obj
+        for lineno, raw in enumerate(_read_bytes(p).split(b"\n"), 1):
+            line = _decode(raw, f"{p}:{lineno}", lineno == 1)
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{p}:{lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
+            yield f"{p}:{lineno}", obj
     elif fmt == ".json":
         try:
-            with open(p, encoding="utf-8") as f:
-                data = json.load(f)
+            data = json.loads(_decode(_read_bytes(p), str(p), True))
         except json.JSONDecodeError as e:
             raise DataError(f"{p}:{e.lineno}: invalid JSON ({e.msg})") from None
         if isinstance(data, dict) and isinstance(data.get("samples"), list):

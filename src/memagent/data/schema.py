@@ -71,12 +71,15 @@ def sample_from_dict(obj: Any, where: str = "<record>") -> Sample:
         where: location for error messages (``file:line``).
 
     Raises:
-        DataError: not an object, or a field is missing or has the wrong type (names ``where`` and the field).
+        DataError: not an object, an empty question, or a field is missing or has the wrong type (names
+            ``where`` and the field).
     """
     if not isinstance(obj, Mapping):
         raise DataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     sid = _need(obj, "id", (str, int), where)
     question = _need(obj, "question", str, where)
+    if not question.strip():
+        raise DataError(f"{where}: field 'question' is empty; every sample needs a question")
     if "context" in obj:
         context = _need(obj, "context", str, where)
     elif "documents" in obj:

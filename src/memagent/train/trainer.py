@@ -505,7 +505,12 @@ def _train_data(cfg: TrainConfig) -> list:
     if d.train_path:
         from memagent.data.io import read_samples
 
-        return read_samples(_resolve(d.train_path))
+        samples = read_samples(_resolve(d.train_path))
+        if not samples:
+            from memagent.errors import DataError
+
+            raise DataError(f"data.train_path {d.train_path} holds no samples")
+        return samples
     from memagent.train.synthetic import needle_samples
 
     return needle_samples(d.synthetic_train_size, d.synthetic_context_words, cfg.run.seed, "train")
@@ -516,7 +521,12 @@ def _val_data(cfg: TrainConfig) -> dict[int, list]:
     if d.val_path:
         from memagent.data.io import read_samples
 
-        return {1: read_samples(_resolve(d.val_path), limit=d.val_size)}
+        samples = read_samples(_resolve(d.val_path), limit=d.val_size)
+        if not samples:
+            from memagent.errors import DataError
+
+            raise DataError(f"data.val_path {d.val_path} holds no samples")
+        return {1: samples}
     if d.synthetic is None:
         return {}
     if d.train_path:
