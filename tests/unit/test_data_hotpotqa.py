@@ -137,3 +137,11 @@ def test_malformed_hotpotqa_files_are_named(tmp_path):
         p.write_text(text)
         with pytest.raises(DataError, match=message):
             load_hotpotqa(p)
+
+
+def test_a_size_that_cannot_be_built_writes_nothing(data_root, tmp_path):
+    from memagent.tokenization import ByteTokenizer
+
+    with pytest.raises(DataError, match=r"question 0 at --tokens 2048: the question's own documents alone take ~\d+ tokens"):
+        build_hotpotqa(tmp_path / "out", ByteTokenizer(), num_docs=[10], target_tokens=[2048], num_samples=1, data_root=data_root)
+    assert not (tmp_path / "out").exists()

@@ -196,13 +196,21 @@ def build_hotpotqa(
     records = load_hotpotqa(src)
     pool = build_pool(records, name=f"hotpotqa-{split}")
     chosen = select_records(records, num_samples, start)
+    built = []  # every size is built before any file is written: a size that cannot be built leaves no partial output
+    for kind, size in [("docs", n) for n in num_docs] + [("tok", t) for t in target_tokens]:
+        kw = {"num_docs": size} if kind == "docs" else {"target_tokens": size}
+        samples = []
+        for r in chosen:
+            try:
+                samples.append(build_sample(r, pool, tokenizer, seed, allow_reuse=allow_reuse, **kw))
+            except DataError as e:
+                flag = f"--docs {size}" if kind == "docs" else f"--tokens {size}"
+                raise DataError(f"question {r.id} at {flag}: {e}") from None
+        built.append((kind, size, samples))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    sizes = [("docs", n) for n in num_docs] + [("tok", t) for t in target_tokens]
-    for kind, size in sizes:
-        kw = {"num_docs": size} if kind == "docs" else {"target_tokens": size}
-        samples = [build_sample(r, pool, tokenizer, seed, allow_reuse=allow_reuse, **kw) for r in chosen]
+    for kind, size, samples in built:
         path = out / f"hotpotqa_{size}{kind}.jsonl"
         write_samples(path, samples)
         written.append(path)
