@@ -30,7 +30,7 @@ CONCURRENCY = typer.Option(8, "--concurrency", min=1, help="openai: requests in 
 CHUNK = typer.Option(5000, "--chunk-tokens", min=1, help="document tokens per chunk")
 MEMORY = typer.Option(1024, "--memory-tokens", min=1, help="memory cap in tokens (max new tokens of an update)")
 FINAL = typer.Option(1024, "--final-tokens", min=1, help="max new tokens of the final answer")
-MAXCTX = typer.Option(None, "--max-context-tokens", help="center-truncate documents to this many tokens (default: read all)")
+MAXCTX = typer.Option(None, "--max-context-tokens", min=2, help="center-truncate documents to this many tokens (default: read all)")
 TEMP = typer.Option(0.0, "--temperature", help="sampling temperature (0 = greedy)")
 TOP_P = typer.Option(1.0, "--top-p")
 SEED = typer.Option(0, "--seed")

@@ -240,3 +240,10 @@ def test_agent_config_refuses_values_of_the_wrong_type():
                         ({"temperature": "hot"}, "temperature must be a number, got 'hot'")]:
         with pytest.raises(ConfigError, match=message):
             AgentConfig(**kw)
+
+
+def test_an_empty_question_is_refused_before_any_call():
+    backend = ScriptedBackend()
+    with pytest.raises(ConfigError, match="sample 0: the question is empty"):
+        MemoryAgent(backend).answer("  ", "a document")
+    assert backend.calls == []

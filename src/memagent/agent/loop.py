@@ -277,11 +277,13 @@ class MemoryAgent:
             progress: show progress bars (samples done; turns done).
 
         Raises:
-            ConfigError: a sample's calls cannot fit the context window (checked for all samples before
-                the first call).
+            ConfigError: a sample's question is empty or its calls cannot fit the context window (checked for
+                all samples before the first call).
             BackendError: only with ``strict=True``, on the first failed request.
         """
         for s in samples:
+            if not s.question.strip():
+                raise ConfigError(f"sample {s.id}: the question is empty")
             self.check_budget(s.question, s.id)
         bars = _Bars(len(samples)) if progress else None
         run = self._run_lockstep if getattr(self.backend, "batched", True) else self._run_pipelined
