@@ -83,39 +83,26 @@ class ResultWriter:
         self._f = open(self.path, "a", encoding="utf-8")
 
     def _repair_and_load(self) -> None:
+        from memagent.eval.metrics import read_results
+
         data = self.path.read_bytes()
         if data and not data.endswith(b"\n"):
-            keep = data.rfind(b"\n") + 1
             with open(self.path, "r+b") as f:
-                f.truncate(keep)
-            data = data[:keep]
-        from memagent.eval.metrics import check_row
+                f.truncate(data.rfind(b"\n") + 1)
+        for row in read_results(self.path):  # checked rows; of a key written twice (--retry-errors), the last
+            self._record(row)
 
-        for n, raw in enumerate(data.split(b"\n"), 1):
-            where = f"{self.path}:{n}"
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                raise DataError(f"{where}: result row is not UTF-8 text; fix or remove that line to resume") from None
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{where}: malformed result row ({e}); fix or remove that line to resume") from None
-            check_row(row, where)
-            self.done[row_key(row)] = row["status"]
-            self.hashes.setdefault(row["method"], set()).add(row.get("method_hash", ""))
-            self.tasks.add(row["task"])
-            self.metrics.setdefault(row["task"], set()).add(tuple(row["scores"]))
+    def _record(self, row: dict[str, Any]) -> None:
+        self.done[row_key(row)] = row["status"]
+        self.hashes.setdefault(row["method"], set()).add(row.get("method_hash", ""))
+        self.tasks.add(row["task"])
+        self.metrics.setdefault(row["task"], set()).add(tuple(row["scores"]))
 
     def write(self, row: dict[str, Any]) -> None:
         self._f.write(json.dumps(row, ensure_ascii=False) + "\n")
         self._f.flush()
         os.fsync(self._f.fileno())
-        self.done[row_key(row)] = row["status"]
-        self.tasks.add(row["task"])
-        self.metrics.setdefault(row["task"], set()).add(tuple(row["scores"]))
+        self._record(row)
 
     def close(self) -> None:
         self._f.close()
