@@ -235,8 +235,8 @@ def test_budget_error_suggests_chunk_and_memory_bounds_and_n_ctx():
 
 
 def test_agent_config_refuses_values_of_the_wrong_type():
-    for kw, message in [({"chunk_tokens": 1.5}, "chunk_tokens must be a whole number, got 1.5"),
-                        ({"memory_tokens": "1024"}, "memory_tokens must be a whole number, got '1024'"),
+    for kw, message in [({"chunk_tokens": 1.5}, "chunk_tokens must be an integer, got 1.5"),
+                        ({"memory_tokens": "1024"}, "memory_tokens must be an integer, got '1024'"),
                         ({"temperature": "hot"}, "temperature must be a number, got 'hot'")]:
         with pytest.raises(ConfigError, match=message):
             AgentConfig(**kw)

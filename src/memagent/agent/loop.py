@@ -29,14 +29,16 @@ import json
 import os
 import threading
 import time
+import typing
 import zlib
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from memagent.answers import extract_answer, strip_reasoning
 from memagent.backends.base import DEFAULT_CHAT_OVERHEAD_TOKENS, Backend
 from memagent.chunking import center_truncate, chunk_text
+from memagent.configtypes import coerce
 from memagent.errors import BackendError, ConfigError
 from memagent.agent.prompts import DEFAULT_TEMPLATES, PromptTemplates
 from memagent.tokenization import Tokenizer, count_tokens
@@ -75,14 +77,9 @@ class AgentConfig:
     slack_tokens: int = 16
 
     def __post_init__(self):
-        for name in ("chunk_tokens", "memory_tokens", "final_tokens", "batch_size", "slack_tokens", "max_context_tokens", "seed"):
-            v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
-                raise ConfigError(f"{name} must be a whole number, got {v!r}")
-        for name in ("temperature", "top_p"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
-                raise ConfigError(f"{name} must be a number, got {v!r}")
+        hints = typing.get_type_hints(AgentConfig)
+        for f in fields(self):
+            object.__setattr__(self, f.name, coerce(getattr(self, f.name), hints[f.name], f.name))
         for name in ("chunk_tokens", "memory_tokens", "final_tokens", "batch_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
