@@ -145,3 +145,64 @@ def test_a_size_that_cannot_be_built_writes_nothing(data_root, tmp_path):
     with pytest.raises(DataError, match=r"question 0 at --tokens 2048: the question's own documents alone take ~\d+ tokens"):
         build_hotpotqa(tmp_path / "out", ByteTokenizer(), num_docs=[10], target_tokens=[2048], num_samples=1, data_root=data_root)
     assert not (tmp_path / "out").exists()
+
+
+def test_questions_missing_a_gold_paragraph_are_skipped_unless_kept():
+    from memagent.data.hotpotqa import select_records
+
+    recs = _records(n_questions=5)
+    # question 1 lost its gold paragraph Title1-2 (as in some copies of the dev file); question 3 lost both
+    recs[1] = HotpotRecord("1", "Question 1?", "ans1", recs[1].paragraphs[:2], recs[1].gold_titles)
+    recs[3] = HotpotRecord("3", "Question 3?", "ans3", recs[3].paragraphs[3:] * 2, recs[3].gold_titles)
+    assert recs[1].missing_gold == {"Title1-2"} and recs[3].missing_gold == {"Title3-0", "Title3-2"}
+    assert recs[0].missing_gold == frozenset()
+    assert [r.id for r in select_records(recs, 3)] == ["0", "2", "4"]
+    assert [r.id for r in select_records(recs, 3, keep_incomplete=True)] == ["0", "1", "2"]
+    assert [r.id for r in select_records(recs, 2, start=1)] == ["2", "4"]
+    with pytest.raises(DataError, match=r"only 3 usable HotpotQA records from position 0, asked for 4; 2 more lack "
+                                        r"a supporting paragraph in their context \(keep them with --keep-incomplete\)"):
+        select_records(recs, 4)
+
+
+def test_supporting_facts_in_the_hf_layout(tmp_path):
+    p = tmp_path / "dev.jsonl"
+    rec = {"question": "q", "answer": "a", "context": {"title": ["A", "B"], "sentences": [["x."], ["y."]]},
+           "supporting_facts": {"title": ["A", "C"], "sent_id": [0, 0]}}
+    p.write_text(json.dumps(rec) + "\n")
+    (r,) = load_hotpotqa(p)
+    assert r.gold_titles == {"A", "C"} and r.missing_gold == {"C"}
+    rec["supporting_facts"] = [["A"]]
+    p.write_text(json.dumps(rec) + "\n")
+    with pytest.raises(DataError, match=r"dev.jsonl:1: field 'supporting_facts' must be"):
+        load_hotpotqa(p)
+
+
+def test_dev_subset_questions_without_their_gold_paragraphs_are_skipped(data_root):
+    from memagent.data.hotpotqa import select_records
+
+    recs = load_hotpotqa(data_root / "hotpotqa" / "hotpot_dev_distractor_subset.jsonl")
+    assert sum(bool(r.missing_gold) for r in recs) == 688  # all of them cmu_json copies
+    dev10 = next(r for r in recs if r.id == "10")
+    assert dev10.answer == "Kansas Song" and dev10.missing_gold == {"Kansas Song"}
+    ids = [r.id for r in select_records(recs, 16)]
+    assert ids == [str(i) for i in range(10)] + ["11", "12", "13", "14", "15", "16"]
+    assert "10" in [r.id for r in select_records(recs, 16, keep_incomplete=True)]
+
+
+def test_token_sizes_refuse_reuse_and_the_reference_format(data_root, tmp_path):
+    with pytest.raises(DataError, match=r"--allow-reuse applies to --docs sizes only"):
+        build_hotpotqa(tmp_path / "a", BYTES, target_tokens=[4096], num_samples=1, data_root=data_root, allow_reuse=True)
+    with pytest.raises(DataError, match=r"--reference-format .* use it with --docs, not --tokens"):
+        build_hotpotqa(tmp_path / "b", BYTES, target_tokens=[4096], num_samples=1, data_root=data_root,
+                       reference_format=True)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_a_long_candidate_does_not_end_the_filling():
+    # every third document is ~900 bytes: the old filler stopped at the first one that did not fit (690 bytes short
+    # of 1000); passing over it for shorter ones lands within the tolerance
+    pool = DocumentPool.from_texts([f"d{i:03d} " + ("y" * 900 if i % 3 == 0 else "x" * 40) for i in range(300)], "mixed")
+    for target in (1000, 3000, 5000):
+        ctx = fit_documents(["OWN"], pool, target, sample_rng(0, f"k{target}"), BYTES)
+        assert ctx.length_tokens == len(ctx.context.encode())
+        assert target - max(50, target // 100) <= ctx.length_tokens <= target

@@ -85,9 +85,11 @@ def hotpotqa_command(
     samples: int = typer.Option(128, "--samples", "-n", help="questions per size"),
     seed: int = typer.Option(0, "--seed", help="base seed; each sample's RNG comes from (seed, question id)"),
     split: str = typer.Option("dev", "--split", help="dev or train"),
-    start: int = typer.Option(0, "--start", help="skip this many usable questions first"),
+    start: int = typer.Option(0, "--start", help="first position in the split's file (records before it are skipped)"),
     allow_reuse: bool = typer.Option(False, "--allow-reuse", help="reuse distractors when the pool is too small"),
     reference_format: bool = typer.Option(False, "--reference-format", help="also write the reference's eval_{N}.json"),
+    keep_incomplete: bool = typer.Option(False, "--keep-incomplete",
+                                         help="keep questions whose context lacks a supporting paragraph (skipped by default)"),
     tokenizer: str = TOKENIZER,
     data_root: Optional[Path] = DATA_ROOT,
 ):
@@ -103,7 +105,7 @@ def hotpotqa_command(
         files = build_hotpotqa(
             out, resolve_tokenizer(tokenizer), num_docs=parse_ints(docs, "--docs", suffix=False), target_tokens=parse_ints(tokens, "--tokens"),
             num_samples=samples, seed=seed, split=split, data_root=data_root, allow_reuse=allow_reuse, start=start,
-            reference_format=reference_format,
+            reference_format=reference_format, keep_incomplete=keep_incomplete,
         )
     except MemagentError as e:
         _fail(e)

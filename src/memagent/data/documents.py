@@ -138,6 +138,10 @@ def draw_documents(
     return DocumentContext(tuple(docs), positions, context, n, reused)
 
 
+#: Candidates passed over in a row (each too long for the room left) before :func:`fit_documents` stops adding.
+FIT_LOOKAHEAD = 32
+
+
 def fit_documents(
     own: Sequence[str],
     pool: DocumentPool,
@@ -151,10 +155,12 @@ def fit_documents(
     """Own documents plus as many distractors as fit in ``budget_tokens`` (rendered context + ``fixed_tokens``).
 
     Distractors are added in a random order (``more`` first), each costing its own token count plus a
-    per-document overhead for the ``Document i:`` header; the documents are then shuffled and the rendered text
-    counted exactly. Distractors are then removed (last added first) or added until the exact count is at most
-    the budget and within ``tolerance_tokens`` of it. Each document is tokenized once on its own; the whole
-    context only a few times, never once per added document.
+    per-document overhead for the ``Document i:`` header; a candidate too long for the room left is passed
+    over for the next ones (up to ``FIT_LOOKAHEAD`` in a row), so a long paragraph does not end the filling
+    early. The documents are shuffled and the rendered text counted exactly; distractors are then removed (last
+    added first) or added until the exact count is at most the budget and within ``tolerance_tokens`` of it,
+    or no further candidate fits. Each document is tokenized once on its own; the whole context only a few
+    times, never once per added document.
 
     Args:
         own: the question's own paragraphs.
@@ -190,11 +196,18 @@ def fit_documents(
     docs, _ = _shuffle_with_own(own, [], rng)
     shrinking = False
     for _ in range(16):
-        while not shrinking and nxt < len(candidates) and est + doc_cost(candidates[nxt]) <= target:
-            est += doc_cost(candidates[nxt])
-            chosen.append(candidates[nxt])
-            docs.insert(rng.randint(0, len(docs)), candidates[nxt])
+        added = misses = 0
+        while not shrinking and nxt < len(candidates) and misses < FIT_LOOKAHEAD:
+            d = candidates[nxt]
             nxt += 1
+            if est + doc_cost(d) > target:
+                misses += 1  # too long for the room left: try the next ones
+                continue
+            est += doc_cost(d)
+            chosen.append(d)
+            docs.insert(rng.randint(0, len(docs)), d)
+            added += 1
+            misses = 0
         context = render_documents(docs)
         exact = count_tokens(tokenizer, context)
         if exact > target:
@@ -208,12 +221,12 @@ def fit_documents(
             shrinking = True  # from now on only remove, so the loop cannot oscillate
             continue
         exhausted = nxt >= len(candidates)
-        if exhausted and not shrinking and target - exact > tol:
+        if exhausted and not shrinking and not misses and target - exact > tol:
             raise DataError(
                 f"the pool {pool.name!r} ({len(pool)} paragraphs) runs out at {exact} tokens, short of the "
                 f"{target}-token target: use a shorter length or a larger pool"
             )
-        full = exhausted or exact + doc_cost(candidates[nxt]) > target
+        full = exhausted or added == 0  # no further candidate fits what is left
         if shrinking or full or target - exact <= tol:
             where = {d: k for k, d in enumerate(own)}
             pos = {where[d]: i + 1 for i, d in enumerate(docs) if d in where}

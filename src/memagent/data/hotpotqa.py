@@ -41,7 +41,7 @@ class HotpotRecord:
         id: ``dev_index`` when known, else the HotpotQA ``_id``, else the line number.
         question, answer: as in HotpotQA.
         paragraphs: ``(title, text)`` pairs, text = joined sentences.
-        gold_titles: titles of the supporting paragraphs.
+        gold_titles: titles of the supporting paragraphs (empty when the file has no ``supporting_facts``).
     """
 
     id: str
@@ -53,6 +53,13 @@ class HotpotRecord:
     @property
     def documents(self) -> list[str]:
         return [paragraph_document(t, x) for t, x in self.paragraphs]
+
+    @property
+    def missing_gold(self) -> frozenset[str]:
+        """Supporting-paragraph titles absent from ``paragraphs``: such a question cannot be answered from its
+        context. Some copies of the dev file lack one or both gold paragraphs (688 of the 1,968 records of the
+        local dev subset); the official distractor file always has them."""
+        return self.gold_titles - {t for t, _ in self.paragraphs}
 
 
 def paragraph_document(title: str, text: str) -> str:
@@ -86,7 +93,14 @@ def load_hotpotqa(path: str | os.PathLike) -> list[HotpotRecord]:
         except (KeyError, TypeError, ValueError):
             raise DataError(f"{where}: field 'context' must be [[title, [sentence, ...]], ...] (or the HF layout "
                             "{title: [...], sentences: [[...]]})") from None
-        gold = frozenset(t for t, _ in (r.get("supporting_facts") or []))
+        facts = r.get("supporting_facts") or []
+        try:
+            if isinstance(facts, dict):  # HF layout: {"title": [...], "sent_id": [...]}
+                facts = list(zip(facts["title"], facts["sent_id"]))
+            gold = frozenset(str(t) for t, _ in facts)
+        except (KeyError, TypeError, ValueError):
+            raise DataError(f"{where}: field 'supporting_facts' must be [[title, sentence_id], ...] (or the HF layout "
+                            "{title: [...], sent_id: [...]})") from None
         rid = r.get("dev_index", r.get("_id", where))
         out.append(HotpotRecord(str(rid), r["question"], r["answer"], paras, gold))
     return out
@@ -153,17 +167,31 @@ def build_sample(
     return Sample(f"hotpotqa-{record.id}", record.question, ctx.context, (record.answer,), meta)
 
 
-def select_records(records: Sequence[HotpotRecord], num_samples: int, start: int = 0) -> list[HotpotRecord]:
-    """The first ``num_samples`` records from ``start`` that have at least two paragraphs (the dev file has
-    a few questions without context).
+def select_records(records: Sequence[HotpotRecord], num_samples: int, start: int = 0,
+                   keep_incomplete: bool = False) -> list[HotpotRecord]:
+    """The first ``num_samples`` usable records from position ``start``.
+
+    A record is usable when it has at least two paragraphs (the dev file has a few questions without context)
+    and, unless ``keep_incomplete``, every supporting paragraph is among them (:attr:`HotpotRecord.missing_gold`
+    is empty). Skipping incomplete records is our fix: the reference's data builder does not check, which is
+    harmless on the official file but not on copies that lost gold paragraphs.
 
     Raises:
-        DataError: fewer usable records than asked for.
+        DataError: fewer usable records than asked for (says how many were skipped for missing gold paragraphs).
     """
-    usable = [r for r in records[start:] if len(r.paragraphs) >= 2]
-    if len(usable) < num_samples:
-        raise DataError(f"only {len(usable)} usable HotpotQA records from position {start}, asked for {num_samples}")
-    return usable[:num_samples]
+    usable, incomplete = [], 0
+    for r in records[start:]:
+        if len(r.paragraphs) < 2:
+            continue
+        if r.missing_gold and not keep_incomplete:
+            incomplete += 1
+            continue
+        usable.append(r)
+        if len(usable) == num_samples:
+            return usable
+    skipped = (f"; {incomplete} more lack a supporting paragraph in their context (keep them with "
+               "--keep-incomplete)") if incomplete else ""
+    raise DataError(f"only {len(usable)} usable HotpotQA records from position {start}, asked for {num_samples}{skipped}")
 
 
 def build_hotpotqa(
@@ -178,24 +206,33 @@ def build_hotpotqa(
     allow_reuse: bool = False,
     start: int = 0,
     reference_format: bool = False,
+    keep_incomplete: bool = False,
 ) -> list[Path]:
     """Build RULER-HotpotQA files, one per size, plus a manifest each.
 
     Writes ``hotpotqa_{N}docs.jsonl`` (or ``hotpotqa_{T}tok.jsonl``) in our schema and, with
-    ``reference_format``, the reference's ``eval_{N}.json`` layout too.
+    ``reference_format``, the reference's ``eval_{N}.json`` layout too (document counts only: the reference has
+    no token-sized files). Questions come from :func:`select_records` (``start``, ``keep_incomplete``).
 
     Returns:
         The sample files written.
 
     Raises:
-        DataError: no sizes, missing data, pool too small.
+        DataError: no sizes, missing data, pool too small, too few usable questions; ``allow_reuse`` or
+            ``reference_format`` with token sizes.
     """
     if not num_docs and not target_tokens:
         raise DataError("give at least one size: --docs N,... or --tokens T,...")
+    if target_tokens and allow_reuse:
+        raise DataError("--allow-reuse applies to --docs sizes only; a --tokens size must fit the pool as it is "
+                        "(use a shorter length or a larger pool)")
+    if target_tokens and reference_format:
+        raise DataError("--reference-format writes the reference's eval_{N}.json, which is sized in documents: "
+                        "use it with --docs, not --tokens")
     src = paths.data_file(paths.HOTPOTQA_DEV if split == "dev" else paths.HOTPOTQA_TRAIN, data_root)
     records = load_hotpotqa(src)
     pool = build_pool(records, name=f"hotpotqa-{split}")
-    chosen = select_records(records, num_samples, start)
+    chosen = select_records(records, num_samples, start, keep_incomplete)
     built = []  # every size is built before any file is written: a size that cannot be built leaves no partial output
     for kind, size in [("docs", n) for n in num_docs] + [("tok", t) for t in target_tokens]:
         kw = {"num_docs": size} if kind == "docs" else {"target_tokens": size}
@@ -235,6 +272,7 @@ def build_hotpotqa(
                 "num_samples": len(samples),
                 "record_ids": [r.id for r in chosen],
                 "allow_reuse": allow_reuse,
+                "keep_incomplete": keep_incomplete,
                 "length_tokens": token_stats(lengths),
             },
         )
@@ -255,13 +293,13 @@ def demo_sample(
         tokenizer: the model's tokenizer (sizes are in its tokens).
         target_tokens: most context tokens; the result is within ~1% below it.
         seed: base seed of the distractor draw.
-        index: which usable dev question (0 = the first in dev order).
+        index: which usable dev question (0 = the first in dev order; see :func:`select_records`).
 
     Raises:
         DataError: no data root / file, or ``index`` out of range.
     """
     records = load_hotpotqa(paths.data_file(paths.HOTPOTQA_DEV, data_root))
-    usable = [r for r in records if len(r.paragraphs) >= 2]
+    usable = [r for r in records if len(r.paragraphs) >= 2 and not r.missing_gold]
     if not 0 <= index < len(usable):
         raise DataError(f"demo index {index} out of range: the dev subset has {len(usable)} usable questions")
     pool = build_pool(records, name="hotpotqa-dev")

@@ -89,6 +89,8 @@ class TaskConfig:
             ``files`` built with ``memagent data hotpotqa --tokens`` needs ``unit: tokens``).
         files: ``{length: sample file}`` to evaluate existing data instead of building it.
         metrics: verifier names, primary first (default: by task).
+        keep_incomplete: hotpotqa only: also keep questions whose context lacks a supporting paragraph
+            (skipped by default, see :func:`memagent.data.hotpotqa.select_records`).
     """
 
     name: str
@@ -97,6 +99,7 @@ class TaskConfig:
     unit: str | None = None
     files: dict[int, str] = field(default_factory=dict)
     metrics: tuple[str, ...] = ()
+    keep_incomplete: bool = False
 
     def __post_init__(self):
         if not self.lengths:
@@ -107,6 +110,9 @@ class TaskConfig:
             raise ConfigError(f"task {self.name!r}: unit must be docs or tokens, got {self.unit!r}")
         if self.unit == "docs" and self.name != "hotpotqa":
             raise ConfigError(f"task {self.name!r}: only hotpotqa lengths can be numbers of documents")
+        if self.keep_incomplete and (self.name != "hotpotqa" or self.files):
+            raise ConfigError(f"task {self.name!r}: keep_incomplete applies to hotpotqa data built by memagent "
+                              "(no files:) only")
         if not self.files and self.name != "hotpotqa":
             from memagent.data.ruler import ALL_TASKS
 
@@ -161,6 +167,12 @@ class EvalConfig:
         names = [m.name for m in self.methods]
         if len(set(names)) != len(names):
             raise ConfigError(f"method names must be unique, got {names}")
+        tasks = [t.name for t in self.tasks]
+        if len(set(tasks)) != len(tasks):
+            dup = sorted({n for n in tasks if tasks.count(n) > 1})
+            raise ConfigError(f"task names must be unique, got {dup[0]!r} twice: a task's rows, data and settings "
+                              "are keyed by its name; give each variant its own name (e.g. hotpotqa_tokens with "
+                              "files: built by `memagent data hotpotqa --tokens`)")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise ConfigError(f"need temperature >= 0 and 0 < top_p <= 1, got {self.temperature}, {self.top_p}")
         if "name" not in self.backend:

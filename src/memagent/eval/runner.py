@@ -128,7 +128,7 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
 
 
 #: Per task, the settings that decide its data and scores (what a resumed run may not change).
-TASK_SETTINGS = ("unit", "files", "metrics", "samples")
+TASK_SETTINGS = ("unit", "files", "metrics", "samples", "keep_incomplete")
 
 
 def _task_settings(task: dict[str, Any]) -> dict[str, Any]:
@@ -224,7 +224,8 @@ class EvalRunner:
             pool = build_pool(records, name="hotpotqa-dev")
             seed = self.config.data_seed if self.config.data_seed is not None else 0
             kw = {"num_docs": length} if task.length_unit == "docs" else {"target_tokens": length}
-            return [build_sample(r, pool, self.tokenizer, seed, **kw) for r in select_records(records, task.samples)]
+            chosen = select_records(records, task.samples, keep_incomplete=task.keep_incomplete)
+            return [build_sample(r, pool, self.tokenizer, seed, **kw) for r in chosen]
         from memagent.data.ruler import build_ruler_sample
 
         seed = self.config.data_seed if self.config.data_seed is not None else 42
@@ -363,9 +364,9 @@ class EvalRunner:
 
         A resumed run may add tasks, lengths, methods and samples (a larger ``samples`` builds and runs the
         missing ones). For every task with rows or data in the folder, even one this config leaves out, it may
-        not change what existing rows were computed from: the data seed, the task's unit, files or metrics
-        (checked against the manifest and against the rows' own scores), or lower ``samples`` (rows beyond the
-        new count would still be reported). A folder with no rows or data yet (a first attempt that failed)
+        not change what existing rows were computed from: the data seed, the task's unit, files, metrics or
+        ``keep_incomplete`` (checked against the manifest and against the rows' own scores), or lower ``samples``
+        (rows beyond the new count would still be reported). A folder with no rows or data yet (a first attempt that failed)
         takes any settings. Method settings are checked separately, by method hash.
 
         Args:
@@ -390,7 +391,9 @@ class EvalRunner:
             new = _task_settings(json.loads(json.dumps(asdict(t))))
             o = old_tasks.get(t.name)
             if o is not None:
-                for key in ("unit", "files", "metrics"):
+                for key in ("unit", "files", "metrics", "keep_incomplete"):
+                    if key == "keep_incomplete" and key not in o:
+                        continue  # older manifests lack it (their hotpotqa data predates the gold check)
                     if o.get(key) != new[key]:
                         diffs.append(f"task {t.name!r} {key} {o.get(key)!r} -> {new[key]!r}")
                 if new["samples"] < (o.get("samples") or 0):

@@ -33,7 +33,7 @@ def _source(task: str, data_root: str | None):
         return [(q.id, q.question, q.answers, [q.paragraph], [p for p in articles[q.title] if p != q.paragraph]) for q in questions], pool
     records = load_hotpotqa(paths.data_file(paths.HOTPOTQA_DEV, data_root))
     pool = build_pool(records, name="hotpotqa-dev")
-    usable = [r for r in records if len(r.paragraphs) >= 2]
+    usable = [r for r in records if len(r.paragraphs) >= 2 and not r.missing_gold]  # answerable from its context
     return [(r.id, r.question, (r.answer,), r.documents, []) for r in usable], pool
 
 
