@@ -230,6 +230,9 @@ def test_grid_errors_and_shipped_configs():
         ({"tasks": [{"name": "x", "lengths": [8], "files": ["a.jsonl"]}]}, r"tasks\[0\].files: give a mapping"),
         ({"tasks": [{"name": "x", "lengths": [8], "metrics": [1]}]}, "give metric names"),
         ({"tasks": [{"name": "hotpotqa", "lengths": ["8K"]}]}, "a number of documents takes no K/M suffix"),
+        ({"tasks": [{"name": "vt", "lengths": [8]}, {"name": "vt", "lengths": [16]}]},
+         "task names must be unique, got 'vt' twice"),
+        ({"tasks": [{"name": "vt", "lengths": [8], "keep_incomplete": True}]}, "keep_incomplete applies to hotpotqa"),
     ]
     for grid, message in bad:
         with pytest.raises(ConfigError, match=message):
@@ -340,7 +343,8 @@ def test_task_left_out_of_a_resumed_run_keeps_its_settings(tmp_path, data_root):
     run(_ruler_config(tmp_path, ["vt"], samples=3))
     run(_ruler_config(tmp_path, ["niah_single_1"]))
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
-    assert manifest["task_settings"]["vt"] == {"unit": None, "files": {}, "metrics": [], "samples": 3}
+    assert manifest["task_settings"]["vt"] == {"unit": None, "files": {}, "metrics": [], "samples": 3,
+                                               "keep_incomplete": False}
     with pytest.raises(ConfigError, match=r"task 'vt' metrics \[\] -> \['string_match_part'\]"):
         run(_ruler_config(tmp_path, ["vt"], samples=4, vt={"metrics": ["string_match_part"]}))
     with pytest.raises(ConfigError, match="task 'vt' samples 3 -> 2"):
@@ -426,3 +430,25 @@ def test_grid_values_of_the_wrong_type_are_named():
     assert ok.temperature == 1.0 and isinstance(ok.temperature, float) and ok.methods[0].templates == "/grids/p.yaml"
     hotpot = EvalConfig.from_dict({**base, "tasks": [{"name": "hotpotqa", "lengths": [10], "files": {10: "h.jsonl"}}]})
     assert hotpot.tasks[0].length_unit == "docs"  # a label in documents, like built hotpotqa cells
+
+
+def test_hotpotqa_keep_incomplete_is_a_data_setting(tmp_path, data_root):
+    """Questions whose context lacks a gold paragraph are left out of built hotpotqa cells; keeping them is a
+    data setting a resumed run may not change (folders from before it was recorded keep working)."""
+    def config(**kw):
+        return EvalConfig.from_dict({
+            "name": "h", "output": str(tmp_path / "run"), "backend": {"name": "scripted"}, "tokenizer": "bytes",
+            "methods": [{"name": "direct", "kind": "direct", "max_input_tokens": 4000, "max_new_tokens": 16}],
+            "tasks": [{"name": "hotpotqa", "lengths": [12], "samples": 12, **kw}]})
+
+    run = lambda cfg: read_results(EvalRunner(cfg, backend=ScriptedBackend()).run())
+    rows = run(config())
+    assert [r["sample_id"] for r in rows] == [f"hotpotqa-{i}" for i in (*range(10), 11, 12)]  # dev 10 lacks "Kansas Song"
+    with pytest.raises(ConfigError, match=r"task 'hotpotqa' keep_incomplete False -> True"):
+        run(config(keep_incomplete=True))
+    manifest = tmp_path / "run" / "manifest.json"
+    m = json.loads(manifest.read_text())
+    del m["task_settings"]["hotpotqa"]["keep_incomplete"]  # as written before the setting existed
+    manifest.write_text(json.dumps(m))
+    assert len(run(config(keep_incomplete=True))) == 12  # accepted; the built data in data/ is reused
+    assert json.loads(manifest.read_text())["task_settings"]["hotpotqa"]["keep_incomplete"] is True
