@@ -119,6 +119,8 @@ def test_comparing_runs_needs_an_out_folder_and_keeps_units_and_metrics_apart(tm
     _write_run(tmp_path / "t", tokens, "tokens")
     with pytest.raises(DataError, match="comparing 2 runs: give the output folder with --out"):
         write_report([tmp_path / "d", tmp_path / "t"])
+    with pytest.raises(DataError, match=r"--out .* is one of the compared runs .*: the comparison would replace"):
+        write_report([tmp_path / "d", tmp_path / "t"], tmp_path / "t" / ".." / "d")
     assert not (tmp_path / "d" / "summary.md").exists()
     write_report([tmp_path / "d", tmp_path / "t"], tmp_path / "out", plot=False)
     md = (tmp_path / "out" / "summary.md").read_text()

@@ -188,14 +188,19 @@ def write_report(run_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLi
         The files written.
 
     Raises:
-        DataError: no run folders, or a folder without results, or several runs without ``out_dir``, or an
-            output folder that cannot be written.
+        DataError: no run folders, or a folder without results, or several runs without ``out_dir`` or with one of
+            them as ``out_dir``, or an output folder that cannot be written.
     """
     if not run_dirs:
         raise DataError("give at least one run folder")
     if out_dir is None and len(run_dirs) > 1:
         raise DataError(f"comparing {len(run_dirs)} runs: give the output folder with --out (writing into the first "
                         "run folder would replace its own summary)")
+    if out_dir is not None and len(run_dirs) > 1:
+        same = [str(d) for d in run_dirs if Path(d).resolve() == Path(out_dir).resolve()]
+        if same:
+            raise DataError(f"--out {str(out_dir)!r} is one of the compared runs ({same[0]}): the comparison would "
+                            "replace that run's own summary; give another folder")
     runs = load_runs(run_dirs)
     series = _series(runs)
     if not series:
