@@ -190,6 +190,8 @@ def test_budget_failure_is_an_error_row(tmp_path):
     ({"name": "m", "chunk_tokens": 5000, "memory_tokens": 64, "final_tokens": 64}, "method 'm': .*update call needs"),
     ({"name": "d", "kind": "direct", "max_input_tokens": 4000, "max_new_tokens": 200}, "4000 \\+ max_new_tokens 200 exceeds"),
     ({"name": "d", "kind": "direct", "max_new_tokens": 4096}, "leaves no room for a prompt"),
+    ({"name": "d", "kind": "direct", "max_input_tokens": 40, "max_new_tokens": 16},
+     r"method 'd': the direct prompt without any document or question is \d+ tokens, over the prompt cap of 40 tokens"),
 ])
 def test_impossible_methods_fail_before_any_row(tmp_path, method, message):
     path = tmp_path / "q.jsonl"

@@ -431,6 +431,13 @@ class EvalRunner:
             elif window is not None and window - m.max_new_tokens < 1:
                 raise ConfigError(f"method {m.name!r}: max_new_tokens {m.max_new_tokens} leaves no room for a prompt in "
                                   f"the context window of {self.backend.name} ({window} tokens)")
+            if m.kind == "direct":
+                cap = m.max_input_tokens if m.max_input_tokens is not None else (
+                    window - m.max_new_tokens if window is not None else None)
+                fixed = self._direct_fixed_tokens("")
+                if cap is not None and cap - fixed - 2 < 2:
+                    raise ConfigError(f"method {m.name!r}: the direct prompt without any document or question is "
+                                      f"{fixed} tokens, over the prompt cap of {cap} tokens: raise max_input_tokens")
 
     def _make_agent(self, method: MethodConfig):
         from memagent.agent.loop import AgentConfig, MemoryAgent
@@ -525,19 +532,23 @@ class EvalRunner:
                 writer.write(row)
 
     def _direct_prompt(self, s: Sample, budget: int) -> tuple[str, int]:
-        from memagent.backends.base import DEFAULT_CHAT_OVERHEAD_TOKENS
         from memagent.chunking import center_truncate
-        from memagent.tokenization import count_tokens
 
-        empty = DIRECT_TEMPLATE.format(document="", question=s.question)
-        fixed = self.backend.count_prompt_tokens((Message("user", empty),))
-        if fixed is None:
-            fixed = count_tokens(self.tokenizer, empty) + DEFAULT_CHAT_OVERHEAD_TOKENS
+        fixed = self._direct_fixed_tokens(s.question)
         if budget - fixed - 2 < 2:  # center truncation keeps at least one head and one tail token
             raise ConfigError(f"sample {s.id}: the direct prompt without any document is {fixed} tokens, over the "
                               f"prompt cap of {budget} tokens: raise max_input_tokens or shorten the question")
         doc, n = center_truncate(s.context, self.tokenizer, budget - fixed - 2)
         return DIRECT_TEMPLATE.format(document=doc, question=s.question), n
+
+    def _direct_fixed_tokens(self, question: str) -> int:
+        """Tokens of the direct prompt with ``question`` and no document (chat template included)."""
+        from memagent.backends.base import DEFAULT_CHAT_OVERHEAD_TOKENS
+        from memagent.tokenization import count_tokens
+
+        empty = DIRECT_TEMPLATE.format(document="", question=question)
+        fixed = self.backend.count_prompt_tokens((Message("user", empty),))
+        return fixed if fixed is not None else count_tokens(self.tokenizer, empty) + DEFAULT_CHAT_OVERHEAD_TOKENS
 
     def _seed(self, sample_id: str) -> int:
         return zlib.crc32(f"{self.config.seed}/{sample_id}/direct".encode()) & 0x7FFFFFFF
