@@ -53,6 +53,11 @@ def test_documents_field_and_optional_fields(tmp_path):
     assert s.id == "7" and s.answers == () and s.metadata == {}
     assert s.context == "Document 1:\nT1\nx\n\nDocument 2:\nT2\ny"
     assert render_documents([]) == ""
+    p.write_text(json.dumps({"id": 8, "question": "q", "context": "c", "answer": "Kansas Song"}) + "\n")
+    assert read_samples(p)[0].answers == ("Kansas Song",)  # HotpotQA's own key
+    p.write_text(json.dumps({"id": 8, "question": "q", "context": "c", "answer": "a", "answers": ["a"]}) + "\n")
+    with pytest.raises(DataError, match=r"d\.jsonl:1: give the gold answers in one field, 'answers' \(a list\) or 'answer', not both"):
+        read_samples(p)
 
 
 def test_reference_layouts(tmp_path):

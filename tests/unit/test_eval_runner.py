@@ -389,6 +389,12 @@ def test_file_cells_are_checked_before_any_row(tmp_path):
     with pytest.raises(DataError, match="the file for length 200 .*empty.jsonl. holds no samples"):
         EvalRunner(replace(cfg, tasks=(replace(task, files={100: task.files[100], 200: str(empty)}),)),
                    backend=ScriptedBackend(responder=responder)).run()
+    no_gold = tmp_path / "no_gold.jsonl"
+    write_samples(no_gold, [Sample("x", "Q?", "doc", ("a",)), Sample("y", "Q?", "doc", ())])
+    with pytest.raises(DataError, match=r"task 'toy' length 200 \(.*no_gold.jsonl\): 1 of 2 samples have no gold "
+                                        r"answers \(e.g. sample 'y'\), so every score would be 0"):
+        EvalRunner(replace(cfg, tasks=(replace(task, files={100: task.files[100], 200: str(no_gold)}),)),
+                   backend=ScriptedBackend(responder=responder)).run()
     assert not (tmp_path / "run" / "results.jsonl").read_text()
     logs = []
     EvalRunner(replace(cfg, tasks=(replace(task, samples=5),)), backend=ScriptedBackend(responder=responder), log=logs.append).run()

@@ -3,7 +3,7 @@
 One sample is one JSON object::
 
     {"id": str, "question": str, "context": str,
-     "answers": [str, ...],            # optional, default []
+     "answers": [str, ...],            # optional, default []; "answer": str is read the same way
      "metadata": {...}}                # optional, default {}
 
 Instead of ``context`` a record may give ``documents`` (a list of strings); they are rendered as numbered
@@ -71,8 +71,8 @@ def sample_from_dict(obj: Any, where: str = "<record>") -> Sample:
         where: location for error messages (``file:line``).
 
     Raises:
-        DataError: not an object, an empty question, or a field is missing or has the wrong type (names
-            ``where`` and the field).
+        DataError: not an object, an empty question, both ``answers`` and ``answer``, or a field is missing or
+            has the wrong type (names ``where`` and the field).
     """
     if not isinstance(obj, Mapping):
         raise DataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
@@ -89,7 +89,10 @@ def sample_from_dict(obj: Any, where: str = "<record>") -> Sample:
         context = render_documents(docs)
     else:
         raise DataError(f"{where}: missing field 'context' (or 'documents')")
-    answers = _answers(obj.get("answers"), where, "answers")
+    if "answer" in obj and "answers" in obj:
+        raise DataError(f"{where}: give the gold answers in one field, 'answers' (a list) or 'answer', not both")
+    key = "answer" if "answer" in obj else "answers"  # 'answer': HotpotQA's and many datasets' own name
+    answers = _answers(obj.get(key), where, key)
     metadata = obj.get("metadata") or {}
     if isinstance(metadata, str):  # parquet stores metadata as JSON text
         try:

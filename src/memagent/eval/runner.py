@@ -348,14 +348,22 @@ class EvalRunner:
 
     def prepare(self, cells: Sequence[tuple[TaskConfig, int]]) -> None:
         """Build or read the data of every cell before any model call, so that an impossible length, a missing
-        or empty file, or a missing data root stops the run before hours of work; warns when a file holds
-        fewer samples than asked.
+        or empty file, samples without gold answers, or a missing data root stops the run before hours of work;
+        warns when a file holds fewer samples than asked.
 
         Raises:
-            ConfigError, DataError: from :meth:`cell_samples`, naming the task and length.
+            ConfigError, DataError: from :meth:`cell_samples`, naming the task and length; DataError when a
+                cell's samples have no gold answers (every score would be 0).
         """
         for task, length in cells:
-            n = len(self.cell_samples(task, length))
+            samples = self.cell_samples(task, length)
+            n = len(samples)
+            unanswered = [s.id for s in samples if not s.answers]
+            if unanswered:
+                where = f" ({task.files[length]})" if length in task.files else ""
+                raise DataError(f"task {task.name!r} length {length}{where}: {len(unanswered)} of {n} samples have no "
+                                f"gold answers (e.g. sample {unanswered[0]!r}), so every score would be 0; give each "
+                                "sample an 'answers' list (use `memagent run` for predictions without scoring)")
             if n < task.samples:
                 self.log(f"warning: task {task.name!r} length {length}: {n} samples, fewer than samples: {task.samples}")
 
@@ -366,8 +374,8 @@ class EvalRunner:
         missing ones). For every task with rows or data in the folder, even one this config leaves out, it may
         not change what existing rows were computed from: the data seed, the task's unit, files, metrics or
         ``keep_incomplete`` (checked against the manifest and against the rows' own scores), or lower ``samples``
-        (rows beyond the new count would still be reported). A folder with no rows or data yet (a first attempt that failed)
-        takes any settings. Method settings are checked separately, by method hash.
+        (rows beyond the new count would still be reported). A folder with no rows or data yet (a first attempt
+        that failed) takes any settings. Method settings are checked separately, by method hash.
 
         Args:
             writer: the open results file (its rows' tasks and metrics); ``None`` reads only the manifest and
