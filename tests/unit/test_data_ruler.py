@@ -165,6 +165,11 @@ def test_build_files_and_cli(tmp_path, gguf_tokenizer, data_root):
     r = CliRunner().invoke(app, ["ruler", "--task", "vt", "-l", "40", "-n", "1", "-o", str(tmp_path / "short"), "--tokenizer", "bytes"])
     assert r.exit_code == 2 and re.search("vt at 40 tokens: the prompt with only 0 haystack units is 1156 tokens, over "
                                           "the budget of 10 tokens .* use a longer length", r.output), r.output
+    # a length that cannot be built leaves no partial output, even after other cells were built
+    r = CliRunner().invoke(app, ["ruler", "--task", "niah_single_1,vt", "-l", "2K,40", "-n", "1", "-o",
+                                 str(tmp_path / "mixed"), "--tokenizer", "bytes"])
+    assert r.exit_code == 2 and "niah_single_1 at 40 tokens" in r.output, r.output  # after niah_single_1 at 2K
+    assert list((tmp_path / "mixed").iterdir()) == []
 
 
 def test_same_seed_same_bytes(tmp_path, gguf_tokenizer):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,7 +30,9 @@ def build_ruler(
 
     Writes ``{task}_{length}.jsonl`` (our schema), ``{task}_{length}.ruler.jsonl`` (RULER's ``index, input,
     outputs, length`` records) and ``{task}_{length}.manifest.json`` (seed, tokenizer, counts, token
-    statistics, seconds).
+    statistics, seconds). Files are written into a staging folder inside ``out_dir`` and moved into place only
+    when every (task, length) is built, so a length that cannot be built leaves no partial output (and memory
+    stays bounded by one cell).
 
     Returns:
         The sample files (our schema) written.
@@ -42,6 +45,19 @@ def build_ruler(
         RULER_TASKS.get(t)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    stage = out / f".building-{os.getpid()}"
+    stage.mkdir(exist_ok=True)
+    try:
+        names = _build_into(stage, tasks, lengths, tokenizer, num_samples, seed, haystack, data_root)
+        for f in sorted(stage.iterdir()):
+            os.replace(f, out / f.name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return [out / n for n in names]
+
+
+def _build_into(stage: Path, tasks, lengths, tokenizer, num_samples, seed, haystack, data_root) -> list[str]:
+    out = stage
     root = None if data_root is None else str(data_root)
     written = []
     for task in tasks:
@@ -70,5 +86,5 @@ def build_ruler(
                     "build_seconds": round(seconds, 3),
                 },
             )
-            written.append(path)
+            written.append(path.name)
     return written
