@@ -7,6 +7,7 @@ llama.cpp) happen inside the commands that need them.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -175,25 +176,53 @@ def _finished_ids(path: Path) -> set[str]:
         if isinstance(row, dict) and row.get("status") == "ok" and "id" in row:
             done.add(str(row["id"]))
     return done
-    for n, line in enumerate(path.read_bytes().split(b"\n"), 1):
-        try:
-            row = json.loads(line) if line.strip() else None
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            if not path.read_bytes().endswith(b"\n") and n == path.read_bytes().count(b"\n") + 1:
-                break  # the torn last row of a killed run: it is cut off and run again
-            raise DataError(f"{path}:{n}: not a predictions row; --resume needs the file a previous run wrote") from None
-        if isinstance(row, dict) and row.get("status") == "ok" and "id" in row:
-            done.add(str(row["id"]))
-    return done
 
 
-def _prediction_row(sample, traj) -> dict:
+def _run_settings(b, agent) -> dict:
+    """What a prediction depends on (besides the sample): recorded in every row, compared by ``--resume``."""
+    c = agent.config
+    return {"backend": b.name, "chunk_tokens": c.chunk_tokens, "memory_tokens": c.memory_tokens,
+            "final_tokens": c.final_tokens, "max_context_tokens": c.max_context_tokens, "temperature": c.temperature,
+            "top_p": c.top_p, "seed": c.seed, "templates": agent.templates.hash}
+
+
+def _resume_predictions(path: Path, settings: dict) -> None:
+    """Before ``--resume`` appends to ``path``: refuse rows made with other settings, then keep only the ``ok``
+    rows (error rows are run again, and a torn last row is cut), so each sample ends with one row.
+
+    Raises:
+        MemagentError: a row's recorded settings differ (names each difference).
+    """
+    if not path.exists():
+        return
+    data = path.read_bytes()
+    keep = []
+    for line in data.split(b"\n")[: None if data.endswith(b"\n") else -1]:
+        if not line.strip():
+            continue
+        row = json.loads(line)  # _finished_ids has already named any line that is not JSON
+        old = row.get("settings") if isinstance(row, dict) else None
+        if isinstance(old, dict) and old != settings:
+            diffs = [f"{k} {old.get(k)!r} -> {settings[k]!r}" for k in settings if old.get(k) != settings[k]]
+            raise MemagentError(f"--resume: {path} holds rows made with other settings ({'; '.join(diffs)}); use the "
+                                "same settings, or a new --output file")
+        if isinstance(row, dict) and row.get("status") == "ok":
+            keep.append(line + b"\n")
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_bytes(b"".join(keep))
+        os.replace(tmp, path)
+    except OSError as e:
+        raise MemagentError(f"cannot write --output {path}: {e.strerror}") from None
+
+
+def _prediction_row(sample, traj, settings: dict | None = None) -> dict:
     return {
         "id": sample.id, "question": sample.question, "answer": traj.answer, "extraction": traj.extraction,
         "response": traj.response, "answers": list(sample.answers), "status": "ok" if traj.ok else "error",
         "error": traj.error, "metadata": sample.metadata,
         "document_tokens": traj.document_tokens, "turns": len(traj.turns), "seconds": round(traj.seconds, 3),
-        "prompt_hash": traj.prompt_hash,
+        "prompt_hash": traj.prompt_hash, **({"settings": settings} if settings is not None else {}),
     }
 
 
@@ -253,6 +282,9 @@ def run(
                        seed, batch_size, templates)
         for s in samples:  # every budget before any output file is touched
             agent.check_budget(s.question, s.id)
+        settings = _run_settings(b, agent)
+        if resume:
+            _resume_predictions(output, settings)
         out_f, trace_f = _open_for_writing(output, "--output", resume), _open_for_writing(trace, "--trace", resume)
 
         def on_turn(sample, turn):
@@ -262,7 +294,7 @@ def run(
 
         def on_result(sample, traj):
             if out_f:
-                out_f.write(json.dumps(_prediction_row(sample, traj), ensure_ascii=False) + "\n")
+                out_f.write(json.dumps(_prediction_row(sample, traj, settings), ensure_ascii=False) + "\n")
                 out_f.flush()
             if trace_f:
                 for row in trace_rows(traj):
@@ -289,7 +321,7 @@ def run(
         typer.echo(f"{len(trajs)} samples, {n_err} failed" + (f"; predictions in {output}" if output else ""), err=True)
         if output is None:
             for s, t in zip(samples, trajs):
-                typer.echo(json.dumps(_prediction_row(s, t), ensure_ascii=False))
+                typer.echo(json.dumps(_prediction_row(s, t, settings), ensure_ascii=False))
         if n_err:
             raise typer.Exit(1)
 

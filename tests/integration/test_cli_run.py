@@ -179,9 +179,15 @@ def test_resume_keeps_finished_rows_and_runs_the_rest(tmp_path):
     r = _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted", "--resume")
     assert r.exit_code == 0 and "--resume: 1 samples already in" in r.output and "3 to run" in r.output
     rows = [json.loads(x) for x in out.read_text().splitlines()]
-    assert [x["id"] for x in rows] == ["s0", "s2", "s1", "s2", "s3"]  # the later s2 row supersedes the failed one
-    assert [json.dumps(x) for x in rows if x["status"] == "ok"] == [json.dumps(json.loads(x)) for x in full[:1]] + [
-        json.dumps(json.loads(x)) for x in sorted(full[1:], key=lambda t: json.loads(t)["id"])]
+    assert [x["id"] for x in rows] == ["s0", "s1", "s2", "s3"]  # the failed s2 row and the torn s1 row are gone
+    assert [json.dumps(x) for x in rows] == [json.dumps(json.loads(x)) for x in sorted(full, key=lambda t: json.loads(t)["id"])]
+    assert rows[0]["settings"] == {"backend": "scripted", "chunk_tokens": 5000, "memory_tokens": 1024, "final_tokens": 1024,
+                                   "max_context_tokens": None, "temperature": 0.0, "top_p": 1.0, "seed": 0,
+                                   "templates": rows[0]["prompt_hash"]}
+    out.write_text("\n".join(full[:2]) + "\n")
+    r = _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted", "--resume", "--memory-tokens", "300")
+    assert r.exit_code == 2 and "holds rows made with other settings (memory_tokens 1024 -> 300)" in r.output, r.output
+    assert out.read_text() == "\n".join(full[:2]) + "\n"  # untouched
     r = _run("run", "-q", "Q", "-d", "-", "-b", "scripted", "--resume", input="x")
     assert r.exit_code == 2 and "--resume continues an --input run" in r.output
 
