@@ -83,7 +83,10 @@ def sub_em(prediction: str, answers: Sequence[str]) -> float:
     """Substring exact match, either way: gold in prediction or prediction in gold, after normalisation.
 
     Best over all gold answers. A prediction or gold answer that normalises to "" scores 0 (see the module
-    docstring for why, and :func:`sub_em_reference` for the reference's behaviour).
+    docstring for why, and :func:`sub_em_reference` for the reference's behaviour). Containment is of
+    characters, as in the paper's metric, so a fragment scores too: ``sub_em("n", ["no"]) == 1`` and
+    ``sub_em("1", ["1945"]) == 1``. Read it next to :func:`exact_match` and :func:`f1`, which the eval summary
+    reports alongside.
 
     Source: reference doc section 2.6 (``sub_em``, the paper's reported "accuracy") and section 6 item 5.
     """

@@ -60,6 +60,9 @@ def test_sub_em_both_directions_and_empty_rule():
         assert sub_em(degenerate, ["Paris"]) == 0.0
     # a gold that normalises to "" never matches in our mode
     assert sub_em("anything", ["The"]) == 0.0
+    # containment is of characters (the paper's metric): fragments score, exact match does not
+    assert sub_em("n", ["no"]) == sub_em("1", ["1945"]) == 1.0
+    assert exact_match("n", ["no"]) == 0.0
 
 
 def test_sub_em_reference_uses_first_answer_only():
