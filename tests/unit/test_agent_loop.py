@@ -247,3 +247,12 @@ def test_an_empty_question_is_refused_before_any_call():
     with pytest.raises(ConfigError, match="sample 0: the question is empty"):
         MemoryAgent(backend).answer("  ", "a document")
     assert backend.calls == []
+
+
+def test_api_misuse_gets_a_clear_error():
+    agent = MemoryAgent(ScriptedBackend())
+    with pytest.raises(ConfigError, match=r"samples\[0\] is a dict, not a memagent Sample \(a dict: convert it with "
+                                          r"memagent.data.schema.sample_from_dict"):
+        agent.run([{"id": "a", "question": "q", "context": "c"}])
+    with pytest.raises(ConfigError, match="sample 0: question and document must be strings, got str and NoneType"):
+        agent.answer("Q?", None)

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from memagent.data.ruler import ALL_TASKS, RULER_METRIC, build_ruler_sample
 from memagent.data.ruler.build import build_ruler
 from memagent.data.ruler.common import fit_length, insert_at_fractions, ruler_record, split_sentences
-from memagent.errors import DataError, UnknownNameError
+from memagent.errors import ConfigError, DataError, UnknownNameError
 from memagent.tokenization import ByteTokenizer
 
 
@@ -177,3 +177,13 @@ def test_same_seed_same_bytes(tmp_path, gguf_tokenizer):
         build_ruler(tmp_path / d, ["niah_multikey_2", "fwe"], [2048], gguf_tokenizer, num_samples=2, seed=3)
     for name in ("niah_multikey_2_2048.jsonl", "niah_multikey_2_2048.ruler.jsonl", "fwe_2048.jsonl"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+
+def test_every_command_reads_the_smollm2_tokenizer_spec(gguf_tokenizer):
+    from memagent.tokenization import load_tokenizer
+
+    tok = load_tokenizer("smollm2")
+    assert tok.encode("Were Scott Derrickson and Ed Wood of the same nationality?") == gguf_tokenizer.encode(
+        "Were Scott Derrickson and Ed Wood of the same nationality?")
+    with pytest.raises(ConfigError, match="give 'bytes', 'smollm2', a .gguf file"):
+        load_tokenizer("no-such-tokenizer")

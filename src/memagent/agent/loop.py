@@ -274,11 +274,19 @@ class MemoryAgent:
             progress: show progress bars (samples done; turns done).
 
         Raises:
-            ConfigError: a sample's question is empty or its calls cannot fit the context window (checked for
-                all samples before the first call).
+            ConfigError: an item is not a :class:`Sample`, a question or document is not a string, a question is
+                empty, or a sample's calls cannot fit the context window (checked for all samples before the
+                first call).
             BackendError: only with ``strict=True``, on the first failed request.
         """
-        for s in samples:
+        for k, s in enumerate(samples):
+            if not isinstance(s, Sample):
+                hint = (" (a dict: convert it with memagent.data.schema.sample_from_dict, or read a file with "
+                        "memagent.data.io.read_samples)") if isinstance(s, dict) else ""
+                raise ConfigError(f"samples[{k}] is a {type(s).__name__}, not a memagent Sample{hint}")
+            if not isinstance(s.question, str) or not isinstance(s.context, str):
+                raise ConfigError(f"sample {s.id}: question and document must be strings, got "
+                                  f"{type(s.question).__name__} and {type(s.context).__name__}")
             if not s.question.strip():
                 raise ConfigError(f"sample {s.id}: the question is empty")
             self.check_budget(s.question, s.id)

@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from memagent.errors import ConfigError, MemagentError
+from memagent.tokenization import load_tokenizer
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Build benchmark data (RULER-HotpotQA, RULER tasks).")
 
@@ -17,21 +18,6 @@ TOKENIZER = typer.Option(
     help="'smollm2' (the embedded model's GGUF vocabulary), 'bytes', a .gguf file, a tokenizer.json or an HF model dir",
 )
 DATA_ROOT = typer.Option(None, "--data-root", help="data folder (default: $MEMAGENT_DATA, else ../shared/data)")
-
-
-def resolve_tokenizer(spec: str):
-    """A tokenizer from a CLI spec; ``smollm2`` is the embedded model's own vocabulary.
-
-    Raises:
-        ConfigError: the spec cannot be loaded.
-    """
-    from memagent.tokenization import LlamaCppTokenizer, load_tokenizer
-
-    if spec == "smollm2":
-        from memagent.backends.models import smollm2_gguf_path
-
-        return LlamaCppTokenizer.from_gguf(smollm2_gguf_path())
-    return load_tokenizer(spec)
 
 
 def parse_ints(text: str | None, option: str, suffix: bool = True) -> list[int]:
@@ -103,7 +89,7 @@ def hotpotqa_command(
         if start < 0 or samples < 1:
             raise ConfigError(f"need --start >= 0 and --samples >= 1, got --start {start} --samples {samples}")
         files = build_hotpotqa(
-            out, resolve_tokenizer(tokenizer), num_docs=parse_ints(docs, "--docs", suffix=False), target_tokens=parse_ints(tokens, "--tokens"),
+            out, load_tokenizer(tokenizer), num_docs=parse_ints(docs, "--docs", suffix=False), target_tokens=parse_ints(tokens, "--tokens"),
             num_samples=samples, seed=seed, split=split, data_root=data_root, allow_reuse=allow_reuse, start=start,
             reference_format=reference_format, keep_incomplete=keep_incomplete,
         )
@@ -138,7 +124,7 @@ def ruler_command(
             raise ConfigError(f"--samples must be >= 1, got {samples}")
         _check_out(out)
         files = build_ruler(
-            out, names, parse_ints(lengths, "--lengths"), resolve_tokenizer(tokenizer), num_samples=samples, seed=seed,
+            out, names, parse_ints(lengths, "--lengths"), load_tokenizer(tokenizer), num_samples=samples, seed=seed,
             haystack=haystack, data_root=data_root,
         )
     except MemagentError as e:

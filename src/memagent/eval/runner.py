@@ -175,9 +175,9 @@ class EvalRunner:
         self.retry_errors = retry_errors
         self.progress = progress
         if tokenizer is None and config.tokenizer:
-            from memagent.data.cli import resolve_tokenizer
+            from memagent.tokenization import load_tokenizer
 
-            tokenizer = resolve_tokenizer(config.tokenizer)
+            tokenizer = load_tokenizer(config.tokenizer)
         if backend is None:
             from memagent.backends import make_backend
 
