@@ -206,3 +206,20 @@ def test_a_long_candidate_does_not_end_the_filling():
         ctx = fit_documents(["OWN"], pool, target, sample_rng(0, f"k{target}"), BYTES)
         assert ctx.length_tokens == len(ctx.context.encode())
         assert target - max(50, target // 100) <= ctx.length_tokens <= target
+
+
+def test_cli_keep_incomplete(data_root, tmp_path):
+    from typer.testing import CliRunner
+
+    from memagent.data.cli import app
+
+    ids = {}
+    for flag in ([], ["--keep-incomplete"]):
+        out = tmp_path / ("kept" if flag else "default")
+        r = CliRunner().invoke(app, ["hotpotqa", "--docs", "12", "-n", "11", "-o", str(out), "--tokenizer", "bytes",
+                                     "--data-root", str(data_root), *flag])
+        assert r.exit_code == 0, r.output
+        ids[bool(flag)] = [json.loads(x)["id"] for x in (out / "hotpotqa_12docs.jsonl").read_text().splitlines()]
+        assert json.loads((out / "hotpotqa_12docs.manifest.json").read_text())["keep_incomplete"] is bool(flag)
+    assert ids[True] == [f"hotpotqa-{i}" for i in range(11)]
+    assert ids[False] == [f"hotpotqa-{i}" for i in (*range(10), 11)]
