@@ -15,9 +15,12 @@ to each decoder layer and then to the whole :class:`~memagent.train.batching.Tok
 ``MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)``; shard the frozen
 reference model the same way (no optimizer state); save with ``torch.distributed.checkpoint``
 (``get_model_state_dict`` / ``get_optimizer_state_dict`` with full state on rank 0). The rollout engine
-then needs gathered weights: either ``summon_full_params`` around ``generate`` or a separate inference
-server (vLLM / an OpenAI-compatible engine behind the Backend protocol) that receives the weights after
-each step. This path is not implemented or tested here (no GPUs); the reference trains 7B with FSDP
+then needs gathered weights. Ranks generate different numbers of tokens, so generating with the sharded
+module itself deadlocks: probed here with torch 2.13 and gloo, a forward on one rank still all-gathers in the
+per-module hooks after ``unshard()`` on every FSDP module, while the other rank has stopped. Rollouts therefore
+need an unsharded copy (in process, loaded from the full state dict after each step) or a separate inference
+server (vLLM / an OpenAI-compatible engine behind the Backend protocol) that receives the weights. Scoring
+passes (old/reference log-probs, mini-batches) must also run the same number of forwards on every rank. This path is not implemented or tested here (no GPUs); the reference trains 7B with FSDP
 parameter and optimizer offload on 32 GPUs (reference-memagent.md §4.1).
 """
 
