@@ -440,8 +440,7 @@ class EvalRunner:
                 raise ConfigError(f"method {m.name!r}: max_new_tokens {m.max_new_tokens} leaves no room for a prompt in "
                                   f"the context window of {self.backend.name} ({window} tokens)")
             if m.kind == "direct":
-                cap = m.max_input_tokens if m.max_input_tokens is not None else (
-                    window - m.max_new_tokens if window is not None else None)
+                cap = self._direct_cap(m)
                 fixed = self._direct_fixed_tokens("")
                 if cap is not None and cap - fixed - 2 < 2:
                     raise ConfigError(f"method {m.name!r}: the direct prompt without any document or question is "
@@ -507,11 +506,9 @@ class EvalRunner:
     def _run_direct(self, writer, method: MethodConfig, samples, base, metrics) -> None:
         from memagent.answers import extract_answer
 
-        budget = method.max_input_tokens
+        budget = self._direct_cap(method)
         if budget is None:
-            if self.backend.context_tokens is None:
-                raise ConfigError(f"method {method.name!r}: set max_input_tokens (the backend's context window is unknown)")
-            budget = self.backend.context_tokens - method.max_new_tokens
+            raise ConfigError(f"method {method.name!r}: set max_input_tokens (the backend's context window is unknown)")
         for i in range(0, len(samples), method.batch_size):
             batch = samples[i : i + method.batch_size]
             prepared: list[tuple[Sample, str, int]] = []  # (sample, prompt, document tokens kept)
@@ -548,6 +545,13 @@ class EvalRunner:
                               f"prompt cap of {budget} tokens: raise max_input_tokens or shorten the question")
         doc, n = center_truncate(s.context, self.tokenizer, budget - fixed - 2)
         return DIRECT_TEMPLATE.format(document=doc, question=s.question), n
+
+    def _direct_cap(self, method: MethodConfig) -> int | None:
+        """The direct prompt's cap in tokens: ``max_input_tokens``, else the window minus the answer cap."""
+        if method.max_input_tokens is not None:
+            return method.max_input_tokens
+        window = self.backend.context_tokens
+        return None if window is None else window - method.max_new_tokens
 
     def _direct_fixed_tokens(self, question: str) -> int:
         """Tokens of the direct prompt with ``question`` and no document (chat template included)."""
