@@ -1,5 +1,5 @@
-"""2 CPU processes under torchrun (gloo, DDP) give the same parameters after one training step as 1 process
-on the same data."""
+"""2 CPU processes under torchrun (gloo; DDP or FSDP2) give the same gradients and parameters after one training
+step as 1 process on the same data, and an FSDP checkpoint resumes in one process."""
 
 import os
 import subprocess
@@ -20,7 +20,8 @@ WORKER = textwrap.dedent("""
     from memagent.train.synthetic import needle_samples
     from memagent.train.trainer import Trainer
 
-    out, agg = sys.argv[1], sys.argv[2]
+    import dataclasses
+    out, agg, strategy = sys.argv[1], sys.argv[2], sys.argv[3]
     info = init_distributed()
     cfg = load_config("configs/train_cpu_small.yaml", [
         f"run.output_dir={out}/run{info.rank}", "run.total_steps=1", "run.val_every=0", "run.save_every=0",
@@ -28,15 +29,22 @@ WORKER = textwrap.dedent("""
         "rl.prompts_per_step=2", "rl.mini_batches=1", f"rl.agg_mode={agg}", "rl.kl_coef=0.01",
         "agent.batch_size=1", "agent.chunk_tokens=40", "agent.memory_tokens=6", "agent.final_tokens=6",
         "optim.lr=1e-4", "optim.warmup_steps=0", "optim.grad_clip=1e9", "optim.micro_batch_tokens=200",
+        f"run.distributed={strategy}",
     ])
     reward = lambda response, answers: float(len(response) % 2)
-    trainer = Trainer(cfg, info, train_samples=needle_samples(2, 12, 0, "t"), val_samples={}, reward_fn=reward)
+    samples = needle_samples(2, 12, 0, "t")  # the second document is 3x longer: more chunks, rows and
+    samples[1] = dataclasses.replace(samples[1], context=" ".join([samples[1].context] * 3))  # micro-batches
+    trainer = Trainer(cfg, info, train_samples=samples, val_samples={}, reward_fn=reward)
     m = trainer.train_step()
+    grads = {n: p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad.clone()
+             for n, p in trainer.policy.named_parameters() if p.grad is not None}  # collective under FSDP
+    params, _ = trainer.full_state()
+    trainer.save_checkpoint()
+    rollout = {k: v.clone() for k, v in trainer.rollout_policy.state_dict().items()}
     import os
     os.makedirs(out, exist_ok=True)
     if info.is_main:
-        grads = {n: p.grad.clone() for n, p in trainer.policy.named_parameters() if p.grad is not None}
-        torch.save({"params": trainer.policy.state_dict(), "grads": grads, "metrics": m}, f"{out}/result.pt")
+        torch.save({"params": params, "grads": grads, "metrics": m, "rollout": rollout}, f"{out}/result.pt")
     shutdown()
 """)
 
@@ -49,14 +57,15 @@ def _run(cmd, cwd):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("agg", ["token-mean", "traj-mean-token-mean"])
-def test_two_processes_match_one(tmp_path, agg):
+@pytest.mark.parametrize("agg,strategy", [("token-mean", "ddp"), ("traj-mean-token-mean", "ddp"),
+                                          ("traj-mean-token-mean", "fsdp")])
+def test_two_processes_match_one(tmp_path, agg, strategy):
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER)
-    _run([sys.executable, str(worker), str(tmp_path / "one"), agg], repo)
+    _run([sys.executable, str(worker), str(tmp_path / "one"), agg, strategy], repo)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    _run(torchrun + [str(worker), str(tmp_path / "two"), agg], repo)
+    _run(torchrun + [str(worker), str(tmp_path / "two"), agg, strategy], repo)
     one = torch.load(tmp_path / "one" / "result.pt", weights_only=False)
     two = torch.load(tmp_path / "two" / "result.pt", weights_only=False)
     assert one["metrics"]["reward/mean"] == two["metrics"]["reward/mean"]
@@ -73,3 +82,16 @@ def test_two_processes_match_one(tmp_path, agg):
 
     start = make_tiny_model(make_tiny_tokenizer(), seed=0).state_dict()
     assert any(not torch.equal(start[k], init[k]) for k in start)  # the step moved the weights
+    # the rollout engine runs the updated weights (under FSDP: the unsharded copy was refreshed)
+    for k, v in two["params"].items():
+        torch.testing.assert_close(two["rollout"][k], v, atol=0, rtol=0)
+    # uneven work: one rank's document has more chunks than the other's (FSDP pads its forwards)
+    assert two["metrics"]["conv/per_traj_min"] < two["metrics"]["conv/per_traj_mean"]
+    # the checkpoint holds full, name-keyed state in any layout: the same tensors as the 1-process run's
+    ck_one = torch.load(next((tmp_path / "one" / "run0" / "checkpoints").glob("step_*.pt")), weights_only=False)
+    ck_two = torch.load(next((tmp_path / "two" / "run0" / "checkpoints").glob("step_*.pt")), weights_only=False)
+    assert ck_one["optimizer"]["param_groups"][0]["params"] == ck_two["optimizer"]["param_groups"][0]["params"]
+    for name, st in ck_one["optimizer"]["state"].items():
+        torch.testing.assert_close(ck_two["optimizer"]["state"][name]["exp_avg"], st["exp_avg"], atol=1e-9, rtol=1e-4)
+    for k, v in ck_two["model"].items():
+        torch.testing.assert_close(v, two["params"][k], atol=0, rtol=0)

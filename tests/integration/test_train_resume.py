@@ -90,3 +90,23 @@ def test_resume_refuses_changed_settings_and_restart_refuses_old_run(tmp_path):
     shutil.move(tmp_path / "cut", tmp_path / "moved")  # a moved run folder resumes
     resumed = _run(tmp_path / "moved", "run.total_steps=3", "run.torch_threads=1")  # run length may change
     assert resumed.step == 3
+
+
+def test_checkpoints_key_optimizer_state_by_name_and_old_index_layout_resumes(tmp_path):
+    from memagent.train.trainer import _optimizer_by_index
+
+    full = _run(tmp_path / "full")
+    first = _run(tmp_path / "cut", "run.stop_after_step=1")
+    path = tmp_path / "cut" / "checkpoints" / "step_000001.pt"
+    ck = torch.load(path, weights_only=False)
+    names = [n for n, _ in first.policy.named_parameters()]
+    # the layout torch.distributed.checkpoint uses (so FSDP and one process write the same file)
+    assert ck["optimizer"]["param_groups"][0]["params"] == names and set(ck["optimizer"]["state"]) == set(names)
+    assert set(ck["model"]) == set(first.policy.state_dict())
+    ck["optimizer"] = _optimizer_by_index(ck["optimizer"], first.policy)  # as written before name keys
+    assert ck["optimizer"]["param_groups"][0]["params"] == list(range(len(names)))
+    torch.save(ck, path)
+    resumed = _run(tmp_path / "cut")
+    a, b = _params(full), _params(resumed)
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=0)

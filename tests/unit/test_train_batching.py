@@ -125,3 +125,43 @@ def test_on_policy_shortcut_matches_explicit_old_logprobs(tiny):
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]).clone())
         assert m["pg/ratio_mean"] == pytest.approx(1.0, abs=1e-5) and m["entropy/mean"] > 0
     torch.testing.assert_close(grads[1], grads[0], atol=1e-6, rtol=1e-5)
+
+
+class _CountingScorer(TokenLogProbs):
+    """Counts forwards and the widths of their batches."""
+
+    def __init__(self, model):
+        super().__init__(model, chunk_tokens=4)
+        self.widths: list[int] = []
+
+    def forward(self, input_ids, *args, **kwargs):
+        self.widths.append(input_ids.shape[1])
+        return super().forward(input_ids, *args, **kwargs)
+
+
+def test_equal_forwards_pad_with_dummy_rows_that_change_nothing(tiny):
+    # FSDP keeps ranks in step by running the same number of forwards; the extra ones are 2-token dummies
+    model, _ = tiny
+    rows = _rows()
+    s = LossSettings(kl_coef=0.01, entropy_coef=0.001)
+    plain = _CountingScorer(model)
+    old, _ = row_logprobs(plain, rows, 0, 24)
+    n = len(plain.widths)
+    assert n == len(micro_batches([r.num_tokens for r in rows], 24)) == 3  # lengths 8,10 | 11,4 | 10,12
+    padded = _CountingScorer(model)
+    asked = []
+    old_p, _ = row_logprobs(padded, rows, 0, 24, equal_forwards=lambda k: asked.append(k) or k + 3)
+    assert asked == [3] and padded.widths[:n] == plain.widths and padded.widths[n:] == [2, 2, 2]
+    assert all(torch.equal(a, b) for a, b in zip(old, old_p))
+    adv = torch.tensor([0.5, 0.5, -1.0, -1.0, -1.0, 2.0])
+    model.zero_grad(set_to_none=True)
+    ref = [o + 0.1 for o in old]
+    m1 = mini_batch_backward(plain, rows, adv, old, ref, s, 0, 24)
+    g1 = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    padded.widths.clear()
+    m2 = mini_batch_backward(padded, rows, adv, old, ref, s, 0, 24, equal_forwards=lambda k: k + 2)
+    assert padded.widths[n:] == [2, 2]
+    for a, b in zip(g1, (p.grad for p in model.parameters())):
+        torch.testing.assert_close(b, a, atol=0, rtol=0)
+    assert m2 == m1

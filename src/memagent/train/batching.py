@@ -13,7 +13,7 @@ Source: reference-memagent.md §4.5 (padding), §4.8 (micro-batches by token bud
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -95,9 +95,14 @@ class TokenLogProbs(nn.Module):
                 tokens), which saves most of the vocabulary projection for long prompts; other positions are 0.
 
         Returns:
-            ``(logp (B, T-1), entropy (B, T-1) or None)`` in float32.
+            ``(logp (B, T-1), entropy (B, T-1) or None)`` in float32, on the model's device (the inputs are
+            moved there).
         """
         base = self.model.base_model
+        device = self.model.get_input_embeddings().weight.device
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+        if target_mask is not None:
+            target_mask = target_mask.to(device)
         hidden = base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
         h, targets = hidden[:, :-1], input_ids[:, 1:]
         if target_mask is None:
@@ -183,30 +188,50 @@ def split_trajectories(traj_of_row: Sequence[int], num_parts: int) -> list[list[
 
 @torch.no_grad()
 def row_logprobs(
-    scorer: TokenLogProbs, rows: Sequence[Row], pad_id: int, max_tokens: int, with_entropy: bool = False
+    scorer: TokenLogProbs, rows: Sequence[Row], pad_id: int, max_tokens: int, with_entropy: bool = False,
+    equal_forwards: Callable[[int], int] | None = None,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
     """Log-probabilities (and entropy) of every row's response tokens, without gradient.
 
+    Args:
+        scorer: the (possibly FSDP-sharded) :class:`TokenLogProbs`.
+        rows: this process's rows.
+        pad_id: padding token id.
+        max_tokens: padded-token budget per micro-batch.
+        with_entropy: also return per-token entropies.
+        equal_forwards: under FSDP every process must run the same number of forwards (each one all-gathers
+            the parameters): maps this process's micro-batch count to the count all processes run (their
+            maximum); the missing ones are forwards on a 2-token dummy row whose output is dropped.
+
     Returns:
-        per row, a ``(T_resp,)`` float32 tensor aligned with ``row.response_ids``; entropies likewise when
-        ``with_entropy``.
+        per row, a ``(T_resp,)`` float32 CPU tensor aligned with ``row.response_ids``; entropies likewise
+        when ``with_entropy``.
     """
     out: list[torch.Tensor] = [torch.empty(0)] * len(rows)
     ents: list[torch.Tensor] = [torch.empty(0)] * len(rows)
+    groups = micro_batches([r.num_tokens for r in rows], max_tokens)
+    total = equal_forwards(len(groups)) if equal_forwards is not None else len(groups)
     was_training = scorer.training
     scorer.eval()
     try:
-        for group in micro_batches([r.num_tokens for r in rows], max_tokens):
+        for group in groups:
             batch = pad_rows([rows[i] for i in group], pad_id)
             logp, ent = scorer(batch.input_ids, batch.attention_mask, with_entropy, batch.response_mask)
             for b, i in enumerate(group):
                 p, n = len(rows[i].prompt_ids), len(rows[i].response_ids)
-                out[i] = logp[b, p - 1 : p - 1 + n].float().clone()
+                out[i] = logp[b, p - 1 : p - 1 + n].detach().to("cpu", torch.float32, copy=True)
                 if ent is not None:
-                    ents[i] = ent[b, p - 1 : p - 1 + n].float().clone()
+                    ents[i] = ent[b, p - 1 : p - 1 + n].detach().to("cpu", torch.float32, copy=True)
+        for _ in range(total - len(groups)):
+            scorer(*dummy_batch(pad_id))
     finally:
         scorer.train(was_training)
     return out, (ents if with_entropy else None)
+
+
+def dummy_batch(pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask)`` of one 2-token row: a forward that only keeps FSDP's collectives in step."""
+    return torch.full((1, 2), pad_id, dtype=torch.long), torch.ones((1, 2), dtype=torch.long)
 
 
 def scatter_response(values: Sequence[torch.Tensor], rows: Sequence[Row], width: int) -> torch.Tensor:

@@ -135,6 +135,10 @@ class RunConfig:
         keep_checkpoints: most recent checkpoints kept.
         torch_threads: intra-op CPU threads (``None``: torch's default); on a shared CPU fewer threads
             can be much faster for small models.
+        distributed: under ``torchrun`` with several processes, ``ddp`` (every process holds the whole
+            policy, reference model and optimizer state) or ``fsdp`` (FSDP2 shards them over the processes;
+            rollouts run on an unsharded copy; see :mod:`memagent.train.distributed`). No effect in one
+            process. Checkpoints are the same either way, so a run may switch on resume.
     """
 
     output_dir: str = "runs/train"
@@ -148,6 +152,7 @@ class RunConfig:
     tensorboard: bool = True
     keep_checkpoints: int = 2
     torch_threads: int | None = None
+    distributed: Literal["ddp", "fsdp"] = "ddp"
 
 
 @dataclass(frozen=True)

@@ -10,18 +10,25 @@ questions (``prompts_per_step / world_size``, whole GRPO groups), computes its r
 gradients, and DDP averages the gradients; the loss's aggregation units are summed over ranks first so the
 result equals one process training on all rows (tested).
 
-FSDP for large models: replace :func:`wrap_ddp` with ``torch.distributed.fsdp.fully_shard`` (FSDP2) applied
-to each decoder layer and then to the whole :class:`~memagent.train.batching.TokenLogProbs` module, with
-``MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)``; shard the frozen
-reference model the same way (no optimizer state); save with ``torch.distributed.checkpoint``
-(``get_model_state_dict`` / ``get_optimizer_state_dict`` with full state on rank 0). The rollout engine
-then needs gathered weights. Ranks generate different numbers of tokens, so generating with the sharded
-module itself deadlocks: probed here with torch 2.13 and gloo, a forward on one rank still all-gathers in the
-per-module hooks after ``unshard()`` on every FSDP module, while the other rank has stopped. Rollouts therefore
-need an unsharded copy (in process, loaded from the full state dict after each step) or a separate inference
-server (vLLM / an OpenAI-compatible engine behind the Backend protocol) that receives the weights. Scoring
-passes (old/reference log-probs, mini-batches) must also run the same number of forwards on every rank. This path is not implemented or tested here (no GPUs); the reference trains 7B with FSDP
-parameter and optimizer offload on 32 GPUs (reference-memagent.md §4.1).
+With ``run.distributed=fsdp`` the policy and the reference model are sharded with FSDP2 instead
+(:func:`shard_fsdp`: ``torch.distributed.fsdp.fully_shard`` on every decoder layer, then on the
+:class:`~memagent.train.batching.TokenLogProbs` wrapper as the root), so each rank holds ``1 / world_size`` of
+the parameters, gradients and AdamW state. Three things make this work with a memory agent's rollouts:
+
+- Rollouts run on an unsharded copy of the policy (one per rank, no gradients, no optimizer state). Ranks
+  generate different numbers of tokens, and a forward on the sharded module all-gathers in every layer, so
+  generating on it would deadlock. After every optimizer step the full weights are gathered
+  (``get_model_state_dict(full_state_dict=True)``) and loaded into the copy.
+- Scoring and training passes run the same number of forwards on every rank: each pass first agrees on the
+  largest micro-batch count (:func:`all_reduce_max`), and a rank with fewer micro-batches runs forwards (and
+  backwards with loss 0) on a 2-token dummy row.
+- Checkpoints hold full (unsharded) state dicts in the single-process layout, written by rank 0
+  (``torch.distributed.checkpoint.state_dict``), so a run saved under FSDP resumes under DDP or in one
+  process and the other way round.
+
+Tested on CPU with gloo: 2 FSDP processes give the same gradients and weights as 1 process. The reference
+trains 7B with FSDP parameter and optimizer offload on 32 GPUs (reference-memagent.md §4.1); CPU offload and
+mixed-precision policies are not wired up here.
 """
 
 from __future__ import annotations
@@ -78,10 +85,53 @@ def wrap_ddp(module: torch.nn.Module, info: DistInfo) -> torch.nn.Module:
     return DistributedDataParallel(module, device_ids=ids, broadcast_buffers=False)
 
 
-def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
-    """Sum over ranks (identity when not distributed); returns the summed tensor."""
+def all_reduce_max(n: int) -> int:
+    """The largest ``n`` over ranks (``n`` itself when not distributed)."""
     if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        t = torch.tensor([n], dtype=torch.int64, device=_comm_device())
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+    return n
+
+
+def _comm_device() -> str:
+    """Where collective tensors must live: NCCL reduces CUDA tensors only, gloo CPU ones."""
+    return f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
+
+
+def shard_fsdp(scorer: torch.nn.Module) -> torch.nn.Module:
+    """Shard a :class:`~memagent.train.batching.TokenLogProbs` with FSDP2, in place: one FSDP unit per
+    decoder layer (``scorer.model.model.layers``, the transformers layout), the rest (embeddings, final norm,
+    tied LM head) in the root unit on ``scorer``, whose ``forward`` is the one the trainer calls.
+
+    Raises:
+        ConfigError: the model has no ``model.layers`` list of decoder layers.
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    from memagent.errors import ConfigError
+
+    layers = getattr(getattr(scorer.model, "model", None), "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList) or not len(layers):
+        raise ConfigError(f"run.distributed=fsdp: cannot find the decoder layers of {type(scorer.model).__name__} "
+                          "(expected model.model.layers); use run.distributed=ddp")
+    for layer in layers:
+        fully_shard(layer)
+    fully_shard(scorer)
+    return scorer
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum over ranks, in place (identity when not distributed); returns ``t``. ``t`` may live on the CPU
+    under NCCL too: it is reduced on the GPU and copied back."""
+    if dist.is_available() and dist.is_initialized():
+        dev = _comm_device()
+        if t.device == torch.device(dev):
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        else:
+            moved = t.to(dev)
+            dist.all_reduce(moved, op=dist.ReduceOp.SUM)
+            t.copy_(moved)
     return t
 
 

@@ -30,7 +30,7 @@ from memagent.rl.advantages import group_advantages
 from memagent.rl.multiconv import broadcast_advantages, check_rows
 from memagent.train.batching import TokenLogProbs, row_logprobs, split_trajectories
 from memagent.train.config import TrainConfig, config_to_dict
-from memagent.train.distributed import DistInfo, all_reduce_sum, barrier, wrap_ddp
+from memagent.train.distributed import DistInfo, all_reduce_max, all_reduce_sum, barrier, shard_fsdp, wrap_ddp
 from memagent.train.rollout import collect_rollouts
 from memagent.train.update import LossSettings, mini_batch_backward
 
@@ -106,15 +106,25 @@ class Trainer:
         self.reference = None
         if cfg.rl.kl_coef > 0:
             self.reference = copy.deepcopy(self.policy).eval().requires_grad_(False)
+        self.fsdp = cfg.run.distributed == "fsdp" and self.dist.enabled
+        # rollouts: the policy itself, or under FSDP an unsharded copy refreshed after every step
+        self.rollout_policy = copy.deepcopy(self.policy).eval().requires_grad_(False) if self.fsdp else self.policy
         self.scorer = TokenLogProbs(self.policy, cfg.model.logprob_chunk_tokens)
         self.ref_scorer = TokenLogProbs(self.reference, cfg.model.logprob_chunk_tokens) if self.reference else None
-        self.ddp = wrap_ddp(self.scorer, self.dist)
+        if self.fsdp:
+            shard_fsdp(self.scorer)
+            if self.ref_scorer is not None:
+                shard_fsdp(self.ref_scorer)
+            self.ddp = self.scorer
+        else:
+            self.ddp = wrap_ddp(self.scorer, self.dist)
+        self.equal_forwards = all_reduce_max if self.fsdp else None
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(o.warmup_steps, cfg.run.total_steps, o.schedule)
         )
-        self.backend = HFBackend(self.policy, self.hf_tokenizer, max_batch_size=cfg.agent.batch_size, seed=cfg.run.seed)
+        self.backend = HFBackend(self.rollout_policy, self.hf_tokenizer, max_batch_size=cfg.agent.batch_size, seed=cfg.run.seed)
         self.pad_id = self.backend.pad_id
         self.templates = _templates(cfg.agent.templates)
         self.train_samples = train_samples if train_samples is not None else _train_data(cfg)
@@ -186,8 +196,9 @@ class Trainer:
         t_up = time.perf_counter()
         budget = cfg.optim.micro_batch_tokens
         single = cfg.rl.mini_batches == 1  # one update on fresh samples: old policy == current weights
-        old, ent = (None, None) if single else row_logprobs(self.scorer, rows, self.pad_id, budget, with_entropy=True)
-        ref = row_logprobs(self.ref_scorer, rows, self.pad_id, budget)[0] if self.ref_scorer else None
+        eq = self.equal_forwards
+        old, ent = (None, None) if single else row_logprobs(self.scorer, rows, self.pad_id, budget, True, eq)
+        ref = row_logprobs(self.ref_scorer, rows, self.pad_id, budget, False, eq)[0] if self.ref_scorer else None
         sums: dict[str, float] = {}
         norms = []
         for part in split_trajectories(row_traj.tolist(), cfg.rl.mini_batches):
@@ -196,8 +207,10 @@ class Trainer:
                 self.ddp, [rows[i] for i in part], row_adv[part], [old[i] for i in part] if old is not None else None,
                 [ref[i] for i in part] if ref is not None else None, self.settings, self.pad_id, budget,
                 all_reduce_sum if self.dist.enabled else None, self.dist.world_size, log_entropy=single,
+                equal_forwards=eq,
             )
-            norm = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.optim.grad_clip))
+            norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.optim.grad_clip)
+            norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP: a DTensor
             norms.append(norm)
             if math.isfinite(norm):
                 self.optimizer.step()
@@ -206,6 +219,8 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + v
+        if self.fsdp:
+            self.sync_rollout_policy()
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
         self.step += 1
@@ -308,15 +323,41 @@ class Trainer:
         return res
 
     # ------------------------------------------------------------------------------------ checkpoints
+    def sync_rollout_policy(self) -> None:
+        """FSDP: gather the full weights (a collective: every rank calls this) into the unsharded rollout copy."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = get_model_state_dict(self.policy, options=StateDictOptions(full_state_dict=True))
+        self.rollout_policy.load_state_dict(full)
+
+    def full_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``(model, optimizer)`` state dicts, unsharded, keyed by parameter name (the layout of
+        ``torch.distributed.checkpoint.state_dict``, the same in one process, under DDP and under FSDP), on
+        the CPU. A collective under FSDP: every rank calls it; only rank 0's dicts are filled."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
+
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        if not self.fsdp:  # nothing sharded: read this process's own copy (no collectives)
+            return ({k: v.detach().cpu() for k, v in self.policy.state_dict().items()},
+                    _optimizer_by_name(self.optimizer.state_dict(), self.policy))
+        return (get_model_state_dict(self.policy, options=opts),
+                get_optimizer_state_dict(self.policy, self.optimizer, options=opts))
+
     def save_checkpoint(self) -> str | None:
-        """Write model, optimizer, scheduler, RNG states and data position (main process only)."""
+        """Write model, optimizer, scheduler, RNG states and data position (main process only; under FSDP
+        every rank takes part in gathering the full state first)."""
         path = os.path.join(self.ckpt_dir, f"step_{self.step:06d}.pt")
+        model_sd, optim_sd = self.full_state()
         if self.dist.is_main:
             os.makedirs(self.ckpt_dir, exist_ok=True)
             state = {
                 "step": self.step, "data_position": self.step * self.cfg.rl.prompts_per_step,
                 "skipped_updates": self.skipped_updates,
-                "model": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "model": model_sd, "optimizer": optim_sd,
                 "scheduler": self.scheduler.state_dict(), "rng": _rng_state(),
                 "config": config_to_dict(self.cfg),
             }
@@ -339,14 +380,27 @@ class Trainer:
         found = sorted(glob.glob(os.path.join(self.ckpt_dir, "step_*.pt")))
         if not found:
             return False
-        state = torch.load(found[-1], map_location=self.dist.device, weights_only=False)
+        state = torch.load(found[-1], map_location="cpu", weights_only=False)
         changed = config_changes(state.get("config", {}), config_to_dict(self.cfg))
         if changed:
             listing = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changed[:8])
             raise ConfigError(f"{found[-1]} was saved with other settings ({listing}); resume with the checkpoint's "
                               "settings, or choose another run.output_dir to start a new run")
-        self.policy.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        opts = StateDictOptions(full_state_dict=True)
+        optim_sd = _optimizer_by_name(state["optimizer"], self.policy)  # checkpoints before 0.2: by index
+        if self.fsdp:
+            set_model_state_dict(self.policy, state["model"], options=opts)
+            set_optimizer_state_dict(self.policy, self.optimizer, optim_sd, options=opts)
+            self.sync_rollout_policy()
+        else:
+            self.policy.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(_optimizer_by_index(optim_sd, self.policy))
         self.scheduler.load_state_dict(state["scheduler"])
         _set_rng_state(state["rng"])
         self.step = int(state["step"])
@@ -421,7 +475,7 @@ class Trainer:
             if r.stop_after_step is not None and self.step >= r.stop_after_step:
                 break
         if self.step >= r.total_steps and self.dist.is_main:
-            self.policy.save_pretrained(os.path.join(self.out_dir, "policy"))
+            self.rollout_policy.save_pretrained(os.path.join(self.out_dir, "policy"))  # full weights, also under FSDP
             self.hf_tokenizer.save_pretrained(os.path.join(self.out_dir, "policy"))
         if self._writer is not None:
             self._writer.close()
@@ -432,7 +486,7 @@ class Trainer:
 #: knobs that only trade memory for speed. Anything else changes what is trained and must match the checkpoint.
 RESUMABLE_CHANGES = frozenset({
     "run.total_steps", "run.stop_after_step", "run.save_every", "run.val_every", "run.val_before_train",
-    "run.keep_checkpoints", "run.tensorboard", "run.torch_threads", "run.resume", "run.output_dir",
+    "run.keep_checkpoints", "run.tensorboard", "run.torch_threads", "run.resume", "run.output_dir", "run.distributed",
     "model.logprob_chunk_tokens", "model.gradient_checkpointing", "optim.micro_batch_tokens",
 })
 
@@ -448,6 +502,25 @@ def config_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -
         elif a != b and key not in RESUMABLE_CHANGES:
             out.append((key, a, b))
     return out
+
+
+def _optimizer_by_name(state: dict[str, Any], model: torch.nn.Module) -> dict[str, Any]:
+    """An optimizer state dict keyed by parameter index (``optimizer.state_dict()`` of an optimizer built on
+    ``model.parameters()``) re-keyed by parameter name (``named_parameters`` order, the same order); one
+    keyed by name already is returned as is."""
+    names = [n for n, _ in model.named_parameters()]
+    groups = state.get("param_groups", [])
+    if not groups or not groups[0]["params"] or isinstance(groups[0]["params"][0], str):
+        return state
+    return {"state": {names[i]: v for i, v in state.get("state", {}).items()},
+            "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in groups]}
+
+
+def _optimizer_by_index(state: dict[str, Any], model: torch.nn.Module) -> dict[str, Any]:
+    """Inverse of :func:`_optimizer_by_name`: the layout ``torch.optim.Optimizer.load_state_dict`` takes."""
+    index = {n: i for i, (n, _) in enumerate(model.named_parameters())}
+    return {"state": {index[k]: v for k, v in state.get("state", {}).items()},
+            "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in state["param_groups"]]}
 
 
 def _seed_everything(seed: int) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from memagent.rl.losses import aggregation_units, aggregation_weights, policy_loss
-from memagent.train.batching import micro_batches, pad_rows, scatter_response
+from memagent.train.batching import dummy_batch, micro_batches, pad_rows, scatter_response
 from memagent.train.rollout import Row
 
 AllReduceSum = Callable[[torch.Tensor], torch.Tensor]
@@ -48,6 +48,7 @@ def mini_batch_backward(
     all_reduce_sum: AllReduceSum | None = None,
     world_size: int = 1,
     log_entropy: bool = False,
+    equal_forwards: Callable[[int], int] | None = None,
 ) -> dict[str, float]:
     """Accumulate the gradient of the mini-batch loss into ``model``'s parameters (no optimizer step).
 
@@ -66,6 +67,10 @@ def mini_batch_backward(
         world_size: number of ranks.
         log_entropy: compute the policy entropy for the ``entropy/mean`` metric even when its coefficient
             is 0.
+        equal_forwards: FSDP: maps this rank's micro-batch count to the count every rank runs (their maximum);
+            the missing micro-batches are forward/backward passes on a 2-token dummy row with loss 0, so the
+            per-layer all-gathers and gradient reduce-scatters of all ranks pair up. Gradients are reduced
+            only after the last one (``set_requires_gradient_sync``).
 
     Returns:
         metrics as floats: ``loss``, ``pg/loss``, ``kl/mean``, ``entropy/mean`` (mini-batch aggregates) and
@@ -89,19 +94,20 @@ def mini_batch_backward(
     want_entropy = settings.entropy_coef != 0 or log_entropy
     sums: dict[str, float] = {}
     groups = micro_batches([r.num_tokens for r in rows], micro_tokens)
+    total = equal_forwards(len(groups)) if equal_forwards is not None else len(groups)
     for k, group in enumerate(groups):
         idx = torch.tensor(group)
         mb = pad_rows([rows[i] for i in group], pad_id)
         w_cols = mb.response_mask.shape[1]
-        sync = k == len(groups) - 1 or not hasattr(model, "no_sync")
-        ctx = contextlib.nullcontext() if sync else model.no_sync()
-        with ctx:
-            m = mask[idx, :w_cols]
-            logp, ent = model(mb.input_ids, mb.attention_mask, want_entropy, m)
+        with _grad_sync(model, k == total - 1):
+            logp, ent = model(mb.input_ids, mb.attention_mask, want_entropy, mask[idx, :w_cols])
+            dev = logp.device
+            m = mask[idx, :w_cols].to(dev)
             loss, metrics = policy_loss(
-                logp, old_full[idx, :w_cols] if old_full is not None else logp.detach(), row_advantages[idx], weights[idx, :w_cols], m,
+                logp, old_full[idx, :w_cols].to(dev) if old_full is not None else logp.detach(),
+                row_advantages[idx].to(dev), weights[idx, :w_cols].to(dev), m,
                 settings.clip_low, settings.clip_high, settings.dual_clip,
-                ref_logp=ref_full[idx, :w_cols] if ref_full is not None else None,
+                ref_logp=ref_full[idx, :w_cols].to(dev) if ref_full is not None else None,
                 kl_coef=settings.kl_coef, kl_type=settings.kl_type, entropy=ent, entropy_coef=settings.entropy_coef,
             )
             (loss * world_size).backward()
@@ -113,8 +119,23 @@ def mini_batch_backward(
             scale = 1.0 if key in ("pg/loss", "kl/mean", "entropy/mean") else n
             sums[key] = sums.get(key, 0.0) + float(val) * scale
         sums["tokens"] = sums.get("tokens", 0.0) + n
+    for k in range(len(groups), total):  # FSDP: keep this rank's collectives in step with the others
+        with _grad_sync(model, k == total - 1):
+            logp, _ = model(*dummy_batch(pad_id))
+            (logp.sum() * 0.0).backward()
     tokens = max(sums.get("tokens", 0.0), 1.0)
     for key in ("pg/clip_frac", "pg/dual_clip_frac", "pg/ratio_mean", "pg/approx_kl"):
         if key in sums:
             sums[key] /= tokens
     return sums
+
+
+def _grad_sync(model: torch.nn.Module, sync: bool):
+    """Context in which a backward reduces gradients over ranks only if ``sync`` (the last micro-batch):
+    DDP's ``no_sync``, FSDP2's ``set_requires_gradient_sync``; a no-op for a plain module."""
+    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2 (fully_shard)
+        model.set_requires_gradient_sync(sync)
+        return contextlib.nullcontext()
+    if sync or not hasattr(model, "no_sync"):
+        return contextlib.nullcontext()
+    return model.no_sync()
