@@ -127,3 +127,30 @@ def test_smollm2_gguf_loads_dense_and_trainable():
     model.train()
     model(ids).logits[0, -1].logsumexp(-1).backward()
     assert model.get_output_embeddings().weight.grad is not None
+
+
+def _first_tokens(backend, temperature, seeds):
+    reqs = [Request((Message("user", "the fox"),), 1, temperature, 1.0, s, f"r{s}") for s in seeds]
+    return [c.token_ids[0] for c in backend.generate(reqs)]
+
+
+def test_only_the_requests_sampling_settings_apply(tiny):
+    # T=1, top_p=1 is plain softmax sampling: no top-k (transformers' global default is 50) and none of the
+    # model's own generation settings; the training log-probabilities assume exactly this distribution
+    model, tok = tiny
+    backend = HFBackend(model, tok, max_batch_size=8)
+    ids = backend.prompt_ids((Message("user", "the fox"),))
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, -1]
+    top50 = set(logits.topk(50).indices.tolist())
+    plain = _first_tokens(backend, 1.0, range(16))
+    assert sum(t not in top50 for t in plain) >= 8  # near-uniform random model: most draws lie outside the top 50
+    own = model.generation_config
+    try:
+        model.generation_config = type(own)(top_k=1, repetition_penalty=1e6, no_repeat_ngram_size=1)
+        assert _first_tokens(backend, 1.0, range(16)) == plain
+        greedy = backend.generate([Request((Message("user", "the fox"),), 12, 0.0, 1.0, None, "g")])[0]
+    finally:
+        model.generation_config = own
+    assert model.generation_config is own
+    assert greedy.token_ids == backend.generate([Request((Message("user", "the fox"),), 12, 0.0, 1.0, None, "g")])[0].token_ids

@@ -231,13 +231,18 @@ class HFBackend:
             mask[b, width - len(p) :] = 1
         max_new = max(r.max_tokens for r in requests)
         sample = temperature > 0
+        # Only the request's temperature and top_p shape the distribution (what the training log-probs
+        # assume): top_k=0 turns off transformers' global default of 50, and the model's own generation
+        # config (e.g. top_k 20 and repetition_penalty 1.05 in Qwen2.5's) is set aside for the call, since
+        # generate() would fill every field left unset here from it.
         cfg = GenerationConfig(
             max_new_tokens=max_new, do_sample=sample, temperature=temperature if sample else None,
-            top_p=top_p if sample else None, top_k=None, eos_token_id=self.stop_ids, pad_token_id=self.pad_id,
+            top_p=top_p if sample else None, top_k=0, eos_token_id=self.stop_ids, pad_token_id=self.pad_id,
             bos_token_id=None,
         )
-        was_training = self.model.training
+        was_training, own = self.model.training, self.model.generation_config
         self.model.eval()
+        self.model.generation_config = GenerationConfig()
         try:
             with torch.random.fork_rng(devices=[]), torch.no_grad():
                 torch.manual_seed(self._batch_seed(requests))
@@ -245,6 +250,7 @@ class HFBackend:
                     input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=cfg
                 )
         finally:
+            self.model.generation_config = own
             self.model.train(was_training)
         new = gen[:, width:].tolist()
         seconds = (time.perf_counter() - t0) / len(requests)
