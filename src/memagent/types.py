@@ -22,7 +22,10 @@ class Sample:
         id: unique id of the sample within its dataset.
         question: the question text (never truncated).
         context: the document text the agent reads chunk by chunk.
-        answers: gold answers (empty when unknown, e.g. for `memagent run`).
+        answers: gold answers (empty when unknown, e.g. for `memagent run`); a list is stored as a tuple.
+
+    Raises:
+        TypeError: ``answers`` is a bare string or holds non-strings.
         metadata: free-form provenance (task, length in tokens, tokenizer name, ...).
     """
 
@@ -31,6 +34,16 @@ class Sample:
     context: str
     answers: tuple[str, ...] = ()
     metadata: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self):
+        # a bare string would otherwise be taken for a sequence of one-character answers
+        if isinstance(self.answers, str):
+            raise TypeError(f"Sample {self.id!r}: answers must be a tuple of strings, got the string "
+                            f"{self.answers!r}; write answers=({self.answers!r},)")
+        if not isinstance(self.answers, tuple):
+            object.__setattr__(self, "answers", tuple(self.answers))
+        if not all(isinstance(a, str) for a in self.answers):
+            raise TypeError(f"Sample {self.id!r}: answers must be strings, got {list(self.answers)!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return {

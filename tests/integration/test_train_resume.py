@@ -110,3 +110,20 @@ def test_checkpoints_key_optimizer_state_by_name_and_old_index_layout_resumes(tm
     a, b = _params(full), _params(resumed)
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=0)
+
+
+def test_samples_without_gold_answers_are_refused_before_any_step(tmp_path):
+    from memagent.errors import DataError
+    from memagent.types import Sample
+
+    bad = [*TRAIN[:2], Sample("no-gold", "q?", "some document text")]
+    with pytest.raises(DataError, match=r"1 of 3 samples in the training set have no gold answers \(ids 'no-gold'\)"):
+        Trainer(_cfg(tmp_path / "a"), train_samples=bad, val_samples=VAL)
+    assert not (tmp_path / "a").exists()
+
+
+def test_cosine_schedule_refuses_a_new_run_length_on_resume(tmp_path):
+    _run(tmp_path / "cut", "optim.schedule=cosine", "run.stop_after_step=1")
+    with pytest.raises(ConfigError, match=r"run.total_steps \(the cosine schedule decays to 0 at it\): 2 -> 4"):
+        _run(tmp_path / "cut", "optim.schedule=cosine", "run.total_steps=4")
+    assert _run(tmp_path / "cut", "optim.schedule=cosine").step == 2

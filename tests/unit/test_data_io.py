@@ -136,3 +136,13 @@ def test_data_root_order(tmp_path, monkeypatch):
     assert paths.data_root() == a
     with pytest.raises(DataError, match="not found under the data root"):
         paths.data_file("x/y.json")
+
+
+def test_sample_answers_must_be_strings_in_a_sequence():
+    from memagent.types import Sample
+
+    assert Sample("a", "q", "doc", ["Paris", "paris"]).answers == ("Paris", "paris")
+    with pytest.raises(TypeError, match=r"answers=\('Paris',\)"):
+        Sample("a", "q", "doc", "Paris")
+    with pytest.raises(TypeError, match="answers must be strings"):
+        Sample("a", "q", "doc", (1934,))

@@ -165,3 +165,22 @@ def test_equal_forwards_pad_with_dummy_rows_that_change_nothing(tiny):
     for a, b in zip(g1, (p.grad for p in model.parameters())):
         torch.testing.assert_close(b, a, atol=0, rtol=0)
     assert m2 == m1
+
+
+def test_logprobs_at_the_sampling_temperature(tiny):
+    # the rows were sampled from softmax(logits / T): their log-probabilities and entropy are taken there too
+    model, _ = tiny
+    rows = _rows()
+    b = pad_rows(rows, 0)
+    with torch.no_grad():
+        logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits.float()[:, :-1] / 0.5
+        ref = torch.log_softmax(logits, -1).gather(-1, b.input_ids[:, 1:, None]).squeeze(-1)
+        lp, ent = TokenLogProbs(model, chunk_tokens=3, temperature=0.5)(b.input_ids, b.attention_mask, True)
+        lp1, _ = TokenLogProbs(model, chunk_tokens=3)(b.input_ids, b.attention_mask)
+    m = b.response_mask.bool()
+    torch.testing.assert_close(lp[m], ref[m], atol=1e-5, rtol=1e-5)
+    p = torch.softmax(logits, -1)
+    torch.testing.assert_close(ent[m], -(p * p.log()).sum(-1)[m], atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(lp1[m], lp[m])
+    with pytest.raises(ConfigError, match="temperature > 0"):
+        TokenLogProbs(model, temperature=0)

@@ -48,6 +48,16 @@ def test_overrides_and_types():
     (["data.val_context_multipliers=[]"], "val_context_multipliers needs at least one entry"),
     (["agent.batch_size=0"], "need agent.chunk_tokens, agent.memory_tokens, agent.final_tokens and agent.batch_size >= 1"),
     (["agent.chunk_tokens=0"], "need agent.chunk_tokens, agent.memory_tokens"),
+    (["agent.temperature=0"], "agent.temperature must be > 0: rollouts sample"),
+    (["agent.temperature=-1"], "agent.temperature must be > 0"),
+    (["agent.top_p=0"], r"need 0 < agent.top_p <= 1"),
+    (["agent.val_temperature=-0.5"], r"need agent.val_temperature >= 0"),
+    (["agent.val_top_p=1.5"], r"0 < agent.val_top_p <= 1"),
+    (["agent.max_context_tokens=1"], "agent.max_context_tokens must be >= 2 or null"),
+    (["run.keep_checkpoints=0"], "run.keep_checkpoints must be >= 1"),
+    (["run.keep_checkpoints=-1"], "run.keep_checkpoints must be >= 1"),
+    (["run.save_every=-1"], r"need run.save_every >= 0 and run.val_every >= 0"),
+    (["run.stop_after_step=0"], "run.stop_after_step must be >= 1 or null"),
 ])
 def test_bad_settings_are_named(override, message):
     with pytest.raises(ConfigError, match=message):

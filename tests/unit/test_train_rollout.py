@@ -88,7 +88,7 @@ def test_training_prompts_are_byte_identical_to_memagent_run(tmp_path, monkeypat
     with pytest.warns(UserWarning, match="bfloat16"):  # bf16 like `run --backend hf`; no update is taken here
         cfg = load_config("configs/train_cpu_small.yaml", [
             f"model.path={model_dir}", "model.dtype=bfloat16", "agent.chunk_tokens=40", "agent.memory_tokens=8",
-            "agent.final_tokens=8", "agent.temperature=0", "rl.group_size=1", "rl.prompts_per_step=1",
+            "agent.final_tokens=8", "rl.group_size=1", "rl.prompts_per_step=1",
             f"run.output_dir={tmp_path / 'out'}", "run.resume=false",
         ])
     trainer = Trainer(cfg, train_samples=[Sample("0", question, doc, ("1234567",))], val_samples={})

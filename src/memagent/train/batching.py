@@ -71,13 +71,22 @@ class TokenLogProbs(nn.Module):
         model: a transformers causal LM (``base_model`` + ``get_output_embeddings()``).
         chunk_tokens: positions (over the whole batch) per log-softmax slice.
         checkpoint: recompute each logits slice in backward instead of storing it.
+        temperature: the rollouts' sampling temperature; logits are divided by it, so the log-probabilities
+            (and entropy) are those of the distribution the response tokens were drawn from (as verl does for
+            the actor and the reference model). ``top_p`` truncation is not reflected, as in verl.
+
+    Raises:
+        ConfigError: ``temperature <= 0``.
     """
 
-    def __init__(self, model: nn.Module, chunk_tokens: int = 512, checkpoint: bool = True):
+    def __init__(self, model: nn.Module, chunk_tokens: int = 512, checkpoint: bool = True, temperature: float = 1.0):
         super().__init__()
+        if not temperature > 0:
+            raise ConfigError(f"log-probabilities need a sampling temperature > 0, got {temperature}")
         self.model = model
         self.chunk_tokens = max(1, int(chunk_tokens))
         self.checkpoint = checkpoint
+        self.temperature = float(temperature)
 
     def forward(
         self,
@@ -118,9 +127,10 @@ class TokenLogProbs(nn.Module):
         for s in range(0, hs.shape[0], self.chunk_tokens):
             hc, tc = hs[s : s + self.chunk_tokens], ts[s : s + self.chunk_tokens]
             if self.checkpoint and torch.is_grad_enabled():
-                lp, en = torch.utils.checkpoint.checkpoint(_slice_logprobs, head, hc, tc, with_entropy, use_reentrant=False)
+                lp, en = torch.utils.checkpoint.checkpoint(_slice_logprobs, head, hc, tc, with_entropy,
+                                                           self.temperature, use_reentrant=False)
             else:
-                lp, en = _slice_logprobs(head, hc, tc, with_entropy)
+                lp, en = _slice_logprobs(head, hc, tc, with_entropy, self.temperature)
             outs.append(lp)
             ents.append(en)
         zeros = torch.zeros(targets.shape, dtype=torch.float32, device=targets.device)
@@ -130,8 +140,10 @@ class TokenLogProbs(nn.Module):
         return logp, ent
 
 
-def _slice_logprobs(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, with_entropy: bool):
-    logsm = torch.log_softmax(head(hidden).float(), dim=-1)
+def _slice_logprobs(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, with_entropy: bool,
+                    temperature: float = 1.0):
+    logits = head(hidden).float()
+    logsm = torch.log_softmax(logits / temperature if temperature != 1.0 else logits, dim=-1)
     lp = logsm.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     if not with_entropy:
         return lp, lp.new_zeros(lp.shape)

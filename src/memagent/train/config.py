@@ -190,6 +190,17 @@ class TrainConfig:
             (min(self.agent.chunk_tokens, self.agent.memory_tokens, self.agent.final_tokens, self.agent.batch_size) >= 1,
              "need agent.chunk_tokens, agent.memory_tokens, agent.final_tokens and agent.batch_size >= 1"),
             (r.total_steps >= 1, "run.total_steps must be >= 1"),
+            (r.keep_checkpoints >= 1, "run.keep_checkpoints must be >= 1 (the newest checkpoints kept; a run resumes "
+             "from the last one)"),
+            (r.save_every >= 0 and r.val_every >= 0, "need run.save_every >= 0 and run.val_every >= 0 (0 = never)"),
+            (r.stop_after_step is None or r.stop_after_step >= 1, "run.stop_after_step must be >= 1 or null"),
+            (self.agent.temperature > 0, "agent.temperature must be > 0: rollouts sample (G rollouts at temperature 0 "
+             "would be identical), and the training log-probabilities are taken at this temperature"),
+            (0 < self.agent.top_p <= 1, "need 0 < agent.top_p <= 1"),
+            (self.agent.val_temperature >= 0 and 0 < self.agent.val_top_p <= 1,
+             "need agent.val_temperature >= 0 (0 = greedy) and 0 < agent.val_top_p <= 1"),
+            (self.agent.max_context_tokens is None or self.agent.max_context_tokens >= 2,
+             "agent.max_context_tokens must be >= 2 or null (null: the model's context window)"),
             (self.data.synthetic is not None or self.data.train_path, "set data.train_path or data.synthetic"),
             (self.data.train_path or self.data.synthetic_train_size >= 1, "data.synthetic_train_size must be >= 1"),
             (all(m >= 1 for m in self.data.val_context_multipliers),

@@ -109,8 +109,10 @@ class Trainer:
         self.fsdp = cfg.run.distributed == "fsdp" and self.dist.enabled
         # rollouts: the policy itself, or under FSDP an unsharded copy refreshed after every step
         self.rollout_policy = copy.deepcopy(self.policy).eval().requires_grad_(False) if self.fsdp else self.policy
-        self.scorer = TokenLogProbs(self.policy, cfg.model.logprob_chunk_tokens)
-        self.ref_scorer = TokenLogProbs(self.reference, cfg.model.logprob_chunk_tokens) if self.reference else None
+        # log-probabilities at the rollout temperature: of the distribution the tokens were sampled from
+        chunk, temp = cfg.model.logprob_chunk_tokens, cfg.agent.temperature
+        self.scorer = TokenLogProbs(self.policy, chunk, temperature=temp)
+        self.ref_scorer = TokenLogProbs(self.reference, chunk, temperature=temp) if self.reference else None
         if self.fsdp:
             shard_fsdp(self.scorer)
             if self.ref_scorer is not None:
@@ -129,6 +131,9 @@ class Trainer:
         self.templates = _templates(cfg.agent.templates)
         self.train_samples = train_samples if train_samples is not None else _train_data(cfg)
         self.val_samples = val_samples if val_samples is not None else _val_data(cfg)
+        _check_gold(self.train_samples, cfg.data.train_path or "the training set")
+        for m, vs in self.val_samples.items():
+            _check_gold(vs, cfg.data.val_path or f"the x{m} validation set")
         self.reward_fn = reward_fn or _reward_fn(cfg.rl.reward)
         self.settings = LossSettings(
             cfg.rl.clip_low, cfg.rl.clip_high, cfg.rl.dual_clip, cfg.rl.kl_coef, cfg.rl.kl_type,
@@ -382,6 +387,9 @@ class Trainer:
             return False
         state = torch.load(found[-1], map_location="cpu", weights_only=False)
         changed = config_changes(state.get("config", {}), config_to_dict(self.cfg))
+        old_total = state.get("config", {}).get("run", {}).get("total_steps", self.cfg.run.total_steps)
+        if self.cfg.optim.schedule == "cosine" and old_total != self.cfg.run.total_steps:
+            changed.append(("run.total_steps (the cosine schedule decays to 0 at it)", old_total, self.cfg.run.total_steps))
         if changed:
             listing = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changed[:8])
             raise ConfigError(f"{found[-1]} was saved with other settings ({listing}); resume with the checkpoint's "
@@ -563,6 +571,21 @@ def _reward_fn(name: str):
     return {"strict_boxed": verifiers.strict_boxed_reward,
             "strict_boxed_reference": verifiers.strict_boxed_reward_reference,
             "sub_em": sub_em_reward}[name]
+
+
+def _check_gold(samples, where: str) -> None:
+    """Refuse, before any step, samples without gold answers: their reward cannot be computed.
+
+    Raises:
+        DataError: naming the file and the first ids.
+    """
+    missing = [s.id for s in samples if not s.answers]
+    if missing:
+        from memagent.errors import DataError
+
+        raise DataError(f"{len(missing)} of {len(samples)} samples in {where} have no gold answers (ids "
+                        f"{', '.join(map(repr, missing[:5]))}{', ...' if len(missing) > 5 else ''}); the reward needs "
+                        "them: add answers or drop those samples")
 
 
 def _resolve(path: str) -> str:
