@@ -71,6 +71,11 @@ def test_two_processes_match_one(tmp_path, agg, strategy):
     assert one["metrics"]["reward/mean"] == two["metrics"]["reward/mean"]
     assert 0 < one["metrics"]["reward/mean"] < 1  # a real gradient
     assert one["metrics"]["conv/per_traj_mean"] == two["metrics"]["conv/per_traj_mean"]
+    # logged metrics are over all processes, not rank 0's share
+    for k in ("loss", "pg/loss", "kl/mean", "entropy/mean", "pg/ratio_mean", "pg/approx_kl", "pg/clip_frac",
+              "conv/per_traj_min", "conv/per_traj_max", "response_tokens/mean", "reward/group_pass", "grad_norm"):
+        assert two["metrics"][k] == pytest.approx(one["metrics"][k], rel=1e-4, abs=1e-7), k
+    assert one["metrics"]["entropy/mean"] > 0 and one["metrics"]["conv/per_traj_min"] < one["metrics"]["conv/per_traj_max"]
     init = torch.load(tmp_path / "one" / "result.pt", weights_only=False)["params"]
     # gradients (AdamW would hide a scale error): DDP's average x world size with global units = 1 process
     assert one["grads"].keys() == two["grads"].keys() and one["grads"]

@@ -185,7 +185,7 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------- step
     def train_step(self) -> dict[str, float]:
-        """Run one training step and return its metrics (this process's view, rewards summed over ranks)."""
+        """Run one training step and return its metrics (under torchrun: over all processes)."""
         cfg, step = self.cfg, self.step
         samples, first = self.step_samples(step)
         seed = zlib.crc32(f"{cfg.run.seed}/step{step}".encode()) & 0x7FFFFFFF
@@ -214,6 +214,8 @@ class Trainer:
                 all_reduce_sum if self.dist.enabled else None, self.dist.world_size, log_entropy=single,
                 equal_forwards=eq,
             )
+            if self.dist.enabled:
+                m = _reduce_metrics(m)
             norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.optim.grad_clip)
             norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP: a DTensor
             norms.append(norm)
@@ -240,17 +242,19 @@ class Trainer:
             float(rewards.sum()), float((rewards >= 1).sum()), float(len(rewards)), float(conv.sum()),
             float(ro.response_tokens), float((group_best[torch.unique(groups)] >= 1).sum()),
             float(torch.unique(groups).numel()),
+            sum(float(e.sum()) for e in ent) if ent is not None else 0.0, sum(len(e) for e in ent) if ent is not None else 0,
         ], dtype=torch.float64))
         if ent is not None:
-            entropy = sum(float(e.sum()) for e in ent) / max(1, sum(len(e) for e in ent))
-        else:  # from the training forward: the same token mean, whatever rl.agg_mode
+            entropy = float(red[7] / max(1.0, float(red[8])))
+        else:  # from the training forward (already summed over ranks): the same token mean, whatever rl.agg_mode
             entropy = sums.get("entropy/token_sum", 0.0) / max(1.0, sums.get("tokens", 0.0))
+        conv_min, conv_max = -all_reduce_max(-int(conv.min())), all_reduce_max(int(conv.max()))
         m = {
             "step": self.step, "lr": lr,
             "reward/mean": float(red[0] / red[2]), "reward/accuracy": float(red[1] / red[2]),
             "reward/group_pass": float(red[5] / red[6]),
-            "conv/per_traj_mean": float(red[3] / red[2]), "conv/per_traj_min": float(conv.min()),
-            "conv/per_traj_max": float(conv.max()),
+            "conv/per_traj_mean": float(red[3] / red[2]), "conv/per_traj_min": float(conv_min),
+            "conv/per_traj_max": float(conv_max),
             "response_tokens/mean": float(red[4] / red[3]),
             "entropy/mean": entropy,
             "grad_norm": float(sum(norms) / len(norms)), "skipped_updates": self.skipped_updates,
@@ -571,6 +575,21 @@ def _reward_fn(name: str):
     return {"strict_boxed": verifiers.strict_boxed_reward,
             "strict_boxed_reference": verifiers.strict_boxed_reward_reference,
             "sub_em": sub_em_reward}[name]
+
+
+#: Metrics of :func:`mini_batch_backward` that are means over this process's response tokens.
+_TOKEN_MEANS = ("pg/clip_frac", "pg/dual_clip_frac", "pg/ratio_mean", "pg/approx_kl")
+
+
+def _reduce_metrics(m: dict[str, float]) -> dict[str, float]:
+    """One mini-batch's metrics over all processes: loss terms and token sums are summed (each process's
+    loss is its share of the global loss: the aggregation weights use the global unit counts), token means are
+    re-weighted by each process's token count. Every process calls this (a collective)."""
+    keys = sorted(m)
+    tokens = m.get("tokens", 0.0)
+    red = all_reduce_sum(torch.tensor([m[k] * tokens if k in _TOKEN_MEANS else m[k] for k in keys], dtype=torch.float64))
+    total = max(float(red[keys.index("tokens")]), 1.0) if "tokens" in keys else 1.0
+    return {k: float(v) / total if k in _TOKEN_MEANS else float(v) for k, v in zip(keys, red.tolist())}
 
 
 def _check_gold(samples, where: str) -> None:
