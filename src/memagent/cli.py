@@ -25,7 +25,9 @@ MODEL = typer.Option(None, "--model", "-m", help="llamacpp: GGUF path (default: 
 BASE_URL = typer.Option(None, "--base-url", help="openai: server URL, e.g. http://127.0.0.1:8000/v1")
 API_KEY_ENV = typer.Option("OPENAI_API_KEY", "--api-key-env", help="openai: environment variable holding the API key")
 TOKENIZER = typer.Option(None, "--tokenizer", help="tokenizer for chunking: tokenizer.json, HF dir, .gguf, 'smollm2' or 'bytes' (default: the backend's own)")
-N_CTX = typer.Option(8192, "--n-ctx", min=1, help="context window in tokens (llamacpp: allocated; openai/hf: assumed)")
+DEFAULT_N_CTX = 8192  # SmolLM2's training context
+N_CTX = typer.Option(None, "--n-ctx", min=1, help="context window in tokens (llamacpp: allocated, default 8192; "
+                     "hf: default the model's max_position_embeddings; openai/scripted: assumed, default 8192)")
 THREADS = typer.Option(None, "--threads", min=1, help="llamacpp: CPU threads (default: all cores)")
 CONCURRENCY = typer.Option(8, "--concurrency", min=1, help="openai: requests in flight at once")
 CHUNK = typer.Option(5000, "--chunk-tokens", min=1, help="document tokens per chunk")
@@ -40,23 +42,26 @@ TEMPLATES = typer.Option(None, "--templates", help="YAML file with update/final/
 DATA_ROOT = typer.Option(None, "--data-root", help="data folder (default: $MEMAGENT_DATA, else ../shared/data)")
 
 
-def build_backend(backend: str, model: str | None, base_url: str | None, api_key_env: str, n_ctx: int,
+def build_backend(backend: str, model: str | None, base_url: str | None, api_key_env: str, n_ctx: int | None,
                   concurrency: int, tokenizer: str | None, threads: int | None = None):
-    """Backend + tokenizer from command-line options (raises ConfigError / UnknownNameError on bad ones)."""
+    """Backend + tokenizer from command-line options (raises ConfigError / UnknownNameError on bad ones).
+
+    ``n_ctx=None``: 8192 tokens, except for hf, which then takes the model's own window."""
     from memagent.backends import make_backend
     from memagent.errors import ConfigError
     from memagent.tokenization import load_tokenizer
 
     tok = load_tokenizer(tokenizer) if tokenizer else None
+    window = n_ctx if n_ctx is not None else DEFAULT_N_CTX
     if backend == "llamacpp":
-        b = make_backend("llamacpp", model_path=model, n_ctx=n_ctx, n_threads=threads)
+        b = make_backend("llamacpp", model_path=model, n_ctx=window, n_threads=threads)
     elif backend == "openai":
         if not base_url or not model:
             raise ConfigError("--backend openai needs --base-url (e.g. http://127.0.0.1:8000/v1) and --model (the served model name)")
         if tok is None:
             raise ConfigError("--backend openai needs --tokenizer (tokenizer.json, HF dir or .gguf of the served model) to count chunks in its tokens")
         b = make_backend("openai", base_url=base_url, model=model, api_key_env=api_key_env,
-                         concurrency=concurrency, context_tokens=n_ctx, tokenizer=tok)
+                         concurrency=concurrency, context_tokens=window, tokenizer=tok)
     elif backend == "hf":
         if not model:
             raise ConfigError("--backend hf needs --model (an HF model directory or a .gguf file)")
@@ -65,7 +70,7 @@ def build_backend(backend: str, model: str | None, base_url: str | None, api_key
         if model:
             raise ConfigError(f"--model is not used by --backend {backend}; drop it, or pick the backend that "
                               "loads it (llamacpp, hf or openai)")
-        b = make_backend(backend, context_tokens=n_ctx)
+        b = make_backend(backend, context_tokens=window)
     return b, tok
 
 
@@ -186,17 +191,20 @@ def _run_settings(b, agent) -> dict:
             "top_p": c.top_p, "seed": c.seed, "templates": agent.templates.hash}
 
 
-def _resume_predictions(path: Path, settings: dict) -> None:
+def _resume_predictions(path: Path, settings: dict) -> set[str]:
     """Before ``--resume`` appends to ``path``: refuse rows made with other settings, then keep only the ``ok``
     rows (error rows are run again, and a torn last row is cut), so each sample ends with one row.
+
+    Returns:
+        the ids of the kept rows (the samples that are not run again).
 
     Raises:
         MemagentError: a row's recorded settings differ (names each difference).
     """
     if not path.exists():
-        return
+        return set()
     data = path.read_bytes()
-    keep = []
+    keep, ids = [], set()
     for line in data.split(b"\n")[: None if data.endswith(b"\n") else -1]:
         if not line.strip():
             continue
@@ -208,12 +216,34 @@ def _resume_predictions(path: Path, settings: dict) -> None:
                                 "same settings, or a new --output file")
         if isinstance(row, dict) and row.get("status") == "ok":
             keep.append(line + b"\n")
+            ids.add(str(row.get("id")))
+    _replace(path, keep, "--output")
+    return ids
+
+
+def _resume_trace(path: Path | None, done: set[str]) -> None:
+    """Before ``--resume`` appends to the ``--trace`` file: keep only the turns of samples that are not run
+    again (``done``), so a retried sample's failed attempt leaves no turns behind."""
+    if path is None or not path.exists():
+        return
+    keep = []
+    for line in path.read_bytes().split(b"\n"):
+        try:
+            row = json.loads(line)
+        except ValueError:  # blank, or torn by a kill
+            continue
+        if isinstance(row, dict) and str(row.get("sample_id")) in done:
+            keep.append(line + b"\n")
+    _replace(path, keep, "--trace")
+
+
+def _replace(path: Path, lines: list[bytes], flag: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_bytes(b"".join(keep))
+        tmp.write_bytes(b"".join(lines))
         os.replace(tmp, path)
     except OSError as e:
-        raise MemagentError(f"cannot write --output {path}: {e.strerror}") from None
+        raise MemagentError(f"cannot write {flag} {path}: {e.strerror}") from None
 
 
 def _prediction_row(sample, traj, settings: dict | None = None) -> dict:
@@ -236,7 +266,7 @@ def run(
     trace: Optional[Path] = typer.Option(None, "--trace", help="write every turn (memory after each chunk) as JSONL"),
     show_memory: bool = typer.Option(False, "--show-memory", help="print the memory after every chunk"),
     backend: str = BACKEND, model: Optional[str] = MODEL, base_url: Optional[str] = BASE_URL,
-    api_key_env: str = API_KEY_ENV, tokenizer: Optional[str] = TOKENIZER, n_ctx: int = N_CTX,
+    api_key_env: str = API_KEY_ENV, tokenizer: Optional[str] = TOKENIZER, n_ctx: Optional[int] = N_CTX,
     concurrency: int = CONCURRENCY, chunk_tokens: int = CHUNK, memory_tokens: int = MEMORY,
     final_tokens: int = FINAL, max_context_tokens: Optional[int] = MAXCTX, temperature: float = TEMP,
     top_p: float = TOP_P, seed: int = SEED, batch_size: int = BATCH, templates: Optional[Path] = TEMPLATES,
@@ -284,7 +314,7 @@ def run(
             agent.check_budget(s.question, s.id)
         settings = _run_settings(b, agent)
         if resume:
-            _resume_predictions(output, settings)
+            _resume_trace(trace, _resume_predictions(output, settings))
         out_f, trace_f = _open_for_writing(output, "--output", resume), _open_for_writing(trace, "--trace", resume)
 
         def on_turn(sample, turn):
@@ -333,7 +363,7 @@ def demo(
     index: int = typer.Option(0, "--index", min=0, help="which HotpotQA dev question (position in the dev subset)"),
     target_tokens: int = typer.Option(30000, "--target-tokens", min=1, help="document length in tokens (gold paragraphs hidden among distractors)"),
     backend: str = BACKEND, model: Optional[str] = MODEL, base_url: Optional[str] = BASE_URL,
-    api_key_env: str = API_KEY_ENV, tokenizer: Optional[str] = TOKENIZER, n_ctx: int = N_CTX,
+    api_key_env: str = API_KEY_ENV, tokenizer: Optional[str] = TOKENIZER, n_ctx: Optional[int] = N_CTX,
     chunk_tokens: int = CHUNK, memory_tokens: int = typer.Option(256, "--memory-tokens", min=1, help="memory cap in tokens (small: a 135M model tends to repeat itself up to the cap)"),
     final_tokens: int = typer.Option(128, "--final-tokens", min=1), seed: int = SEED,
     trace: Optional[Path] = typer.Option(None, "--trace", help="write every turn as JSONL"),

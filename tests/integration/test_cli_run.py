@@ -171,15 +171,26 @@ def test_outputs_may_not_be_inputs_or_each_other(tmp_path):
 
 
 def test_resume_keeps_finished_rows_and_runs_the_rest(tmp_path):
-    inp, out = _input(tmp_path, 4), tmp_path / "preds.jsonl"
-    assert _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted").exit_code == 0
+    inp, out, trace = _input(tmp_path, 4), tmp_path / "preds.jsonl", tmp_path / "trace.jsonl"
+    assert _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted", "--trace", str(trace)).exit_code == 0
     full = out.read_text().splitlines()
+    turns = trace.read_text().splitlines()
+    by_id = {i: [t for t in turns if json.loads(t)["sample_id"] == i] for i in ("s0", "s1", "s2", "s3")}
+    assert all(by_id.values())
     failed = dict(json.loads(full[2]), status="error")
     out.write_text(full[0] + "\n" + json.dumps(failed) + "\n" + full[1][:40])  # s0 done, s2 failed, s1 torn by a kill
-    r = _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted", "--resume")
+    stale = json.dumps({**json.loads(by_id["s2"][0]), "content": "a failed attempt"})
+    trace.write_text("\n".join(by_id["s0"] + [stale]) + "\n" + by_id["s1"][0][:30])
+    r = _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted", "--resume", "--trace", str(trace))
     assert r.exit_code == 0 and "--resume: 1 samples already in" in r.output and "3 to run" in r.output
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert [x["id"] for x in rows] == ["s0", "s1", "s2", "s3"]  # the failed s2 row and the torn s1 row are gone
+    # the trace keeps s0's turns and holds each rerun sample's turns once: no stale or torn turn is left
+    def timeless(lines):
+        return [{k: v for k, v in json.loads(t).items() if k != "seconds"} for t in lines]
+
+    assert trace.read_text().splitlines()[: len(by_id["s0"])] == by_id["s0"]
+    assert timeless(trace.read_text().splitlines()) == timeless(by_id["s0"] + [t for i in ("s1", "s2", "s3") for t in by_id[i]])
     assert [json.dumps(x) for x in rows] == [json.dumps(json.loads(x)) for x in sorted(full, key=lambda t: json.loads(t)["id"])]
     assert rows[0]["settings"] == {"backend": "scripted", "chunk_tokens": 5000, "memory_tokens": 1024, "final_tokens": 1024,
                                    "max_context_tokens": None, "temperature": 0.0, "top_p": 1.0, "seed": 0,

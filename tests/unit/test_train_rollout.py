@@ -98,3 +98,21 @@ def test_training_prompts_are_byte_identical_to_memagent_run(tmp_path, monkeypat
     assert train_prompts == run_prompts
     tok = trainer.backend.tokenizer
     assert [tok.decode(p).encode() for p in train_prompts] == [tok.decode(p).encode() for p in run_prompts]
+
+
+def test_run_hf_takes_the_models_context_window_by_default(tmp_path):
+    from typer.testing import CliRunner
+
+    from memagent.cli import app
+    from memagent.train.tiny import make_tiny_model, make_tiny_tokenizer
+
+    tok = make_tiny_tokenizer()
+    make_tiny_model(tok, max_positions=128).save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    (tmp_path / "doc.txt").write_text("the fox jumps over the dog. " * 40)
+    args = ["run", "-b", "hf", "--model", str(tmp_path / "m"), "-q", "what?", "-d", str(tmp_path / "doc.txt"),
+            "--chunk-tokens", "200", "--memory-tokens", "20", "--final-tokens", "10"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 2 and "context window of hf:m is 128 tokens" in r.output, r.output
+    r = CliRunner().invoke(app, [*args, "--n-ctx", "1024"])  # an explicit window is taken as given
+    assert "context window" not in r.output and r.exit_code == 0, r.output

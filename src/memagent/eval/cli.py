@@ -16,7 +16,7 @@ def _fail(e: Exception) -> None:
 
 
 def _flags_config(tasks: str, lengths: str | None, methods: str, samples: int, output: Path, backend: str, model: Optional[str],
-                  n_ctx: int, chunk_tokens: int, memory_tokens: int, final_tokens: int, max_input_tokens: Optional[int],
+                  n_ctx: Optional[int], chunk_tokens: int, memory_tokens: int, final_tokens: int, max_input_tokens: Optional[int],
                   max_new_tokens: int, batch_size: int, seed: int, temperature: float, top_p: float,
                   tokenizer: Optional[str], data_root: Optional[Path], base_url: Optional[str] = None,
                   api_key_env: str = "OPENAI_API_KEY", concurrency: int = 8):
@@ -34,7 +34,12 @@ def _flags_config(tasks: str, lengths: str | None, methods: str, samples: int, o
                                 "max_new_tokens": max_new_tokens, "batch_size": batch_size})
         else:
             raise ConfigError(f"--methods: unknown method {m!r}; use memagent and/or direct (or a --config grid)")
-    backend_cfg = {"name": backend, "n_ctx": n_ctx} if backend == "llamacpp" else {"name": backend, "context_tokens": n_ctx}
+    if backend == "llamacpp":
+        backend_cfg: dict = {"name": backend, "n_ctx": n_ctx if n_ctx is not None else 8192}
+    elif backend == "hf" and n_ctx is None:  # the model's own window (max_position_embeddings)
+        backend_cfg = {"name": backend}
+    else:
+        backend_cfg = {"name": backend, "context_tokens": n_ctx if n_ctx is not None else 8192}
     if model:
         backend_cfg["model_path" if backend == "llamacpp" else "model"] = model
     if backend == "openai":
@@ -74,7 +79,7 @@ def eval_command(
     base_url: Optional[str] = typer.Option(None, "--base-url", help="openai: server URL, e.g. http://127.0.0.1:8000/v1"),
     api_key_env: str = typer.Option("OPENAI_API_KEY", "--api-key-env", help="openai: environment variable holding the key"),
     concurrency: int = typer.Option(8, "--concurrency", help="openai: requests in flight at once"),
-    n_ctx: int = typer.Option(8192, "--n-ctx", help="context window in tokens"),
+    n_ctx: Optional[int] = typer.Option(None, "--n-ctx", min=1, help="context window in tokens (default 8192; hf: the model's own)"),
     chunk_tokens: int = typer.Option(5000, "--chunk-tokens"),
     memory_tokens: int = typer.Option(1024, "--memory-tokens"),
     final_tokens: int = typer.Option(1024, "--final-tokens"),
