@@ -79,7 +79,7 @@ def eval_command(
     base_url: Optional[str] = typer.Option(None, "--base-url", help="openai: server URL, e.g. http://127.0.0.1:8000/v1"),
     api_key_env: str = typer.Option("OPENAI_API_KEY", "--api-key-env", help="openai: environment variable holding the key"),
     concurrency: int = typer.Option(8, "--concurrency", help="openai: requests in flight at once"),
-    n_ctx: Optional[int] = typer.Option(None, "--n-ctx", min=1, help="context window in tokens (default 8192; hf: the model's own)"),
+    n_ctx: Optional[int] = typer.Option(None, "--n-ctx", help="context window in tokens (default 8192; hf: the model's own)"),
     chunk_tokens: int = typer.Option(5000, "--chunk-tokens"),
     memory_tokens: int = typer.Option(1024, "--memory-tokens"),
     final_tokens: int = typer.Option(1024, "--final-tokens"),
