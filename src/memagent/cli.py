@@ -28,6 +28,9 @@ TOKENIZER = typer.Option(None, "--tokenizer", help="tokenizer for chunking: toke
 DEFAULT_N_CTX = 8192  # SmolLM2's training context
 N_CTX = typer.Option(None, "--n-ctx", min=1, help="context window in tokens (llamacpp: allocated, default 8192; "
                      "hf: default the model's max_position_embeddings; openai/scripted: assumed, default 8192)")
+TIMEOUT = typer.Option(None, "--timeout", min=0.1, help="openai: seconds per request attempt (default 600)")
+RETRIES = typer.Option(None, "--max-retries", min=0, help="openai: retries after a failed attempt (429/5xx, "
+                       "connection errors, timeouts; default 4)")
 THREADS = typer.Option(None, "--threads", min=1, help="llamacpp: CPU threads (default: all cores)")
 CONCURRENCY = typer.Option(8, "--concurrency", min=1, help="openai: requests in flight at once")
 CHUNK = typer.Option(5000, "--chunk-tokens", min=1, help="document tokens per chunk")
@@ -43,10 +46,12 @@ DATA_ROOT = typer.Option(None, "--data-root", help="data folder (default: $MEMAG
 
 
 def build_backend(backend: str, model: str | None, base_url: str | None, api_key_env: str, n_ctx: int | None,
-                  concurrency: int, tokenizer: str | None, threads: int | None = None):
+                  concurrency: int, tokenizer: str | None, threads: int | None = None, timeout_s: float | None = None,
+                  max_retries: int | None = None):
     """Backend + tokenizer from command-line options (raises ConfigError / UnknownNameError on bad ones).
 
-    ``n_ctx=None``: 8192 tokens, except for hf, which then takes the model's own window."""
+    ``n_ctx=None``: 8192 tokens, except for hf, which then takes the model's own window. An openai server
+    is checked to be reachable before anything runs."""
     from memagent.backends import make_backend
     from memagent.errors import ConfigError
     from memagent.tokenization import load_tokenizer
@@ -60,8 +65,10 @@ def build_backend(backend: str, model: str | None, base_url: str | None, api_key
             raise ConfigError("--backend openai needs --base-url (e.g. http://127.0.0.1:8000/v1) and --model (the served model name)")
         if tok is None:
             raise ConfigError("--backend openai needs --tokenizer (tokenizer.json, HF dir or .gguf of the served model) to count chunks in its tokens")
+        net = {k: v for k, v in (("timeout_s", timeout_s), ("max_retries", max_retries)) if v is not None}
         b = make_backend("openai", base_url=base_url, model=model, api_key_env=api_key_env,
-                         concurrency=concurrency, context_tokens=window, tokenizer=tok)
+                         concurrency=concurrency, context_tokens=window, tokenizer=tok, **net)
+        b.check_reachable()
     elif backend == "hf":
         if not model:
             raise ConfigError("--backend hf needs --model (an HF model directory or a .gguf file)")
@@ -270,7 +277,7 @@ def run(
     concurrency: int = CONCURRENCY, chunk_tokens: int = CHUNK, memory_tokens: int = MEMORY,
     final_tokens: int = FINAL, max_context_tokens: Optional[int] = MAXCTX, temperature: float = TEMP,
     top_p: float = TOP_P, seed: int = SEED, batch_size: int = BATCH, templates: Optional[Path] = TEMPLATES,
-    threads: Optional[int] = THREADS,
+    threads: Optional[int] = THREADS, timeout: Optional[float] = TIMEOUT, max_retries: Optional[int] = RETRIES,
     resume: bool = typer.Option(False, "--resume", help="with --input/--output: keep the rows --output already holds and run only the samples it lacks (or that failed)"),
 ):
     """Answer a question over a long document (or every sample of a JSONL file).
@@ -307,7 +314,8 @@ def run(
                 raise MemagentError("--resume continues an --input run; it does not apply to --question/--document")
             _check_paths({"--document": None if document == "-" else Path(document)}, {"--output": output, "--trace": trace})
             samples = [Sample("0", question, _read_document(document))]
-        b, tok = build_backend(backend, model, base_url, api_key_env, n_ctx, concurrency, tokenizer, threads)
+        b, tok = build_backend(backend, model, base_url, api_key_env, n_ctx, concurrency, tokenizer, threads,
+                               timeout, max_retries)
         agent = _agent(b, tok, chunk_tokens, memory_tokens, final_tokens, max_context_tokens, temperature, top_p,
                        seed, batch_size, templates)
         for s in samples:  # every budget before any output file is touched

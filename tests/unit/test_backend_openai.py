@@ -259,3 +259,34 @@ def test_control_token_text_warns_once():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         b.generate([Request(doc, max_tokens=4, request_id="q/2")])  # warned once per backend
+
+
+def test_check_reachable_fails_fast_on_a_dead_server_or_a_refused_key():
+    down = _Server((0, httpx.ConnectError("connection refused")))
+    with pytest.raises(BackendError, match=r"cannot reach http://127.0.0.1:9/v1 \(ConnectError: connection refused\); is the server running"):
+        _backend(down).check_reachable()
+    assert len(down.seen) == 1  # no retries
+    with pytest.raises(BackendError, match=r"refused the API key \(HTTP 401\); put the key in \$MEMAGENT_TEST_KEY"):
+        _backend(_Server((401, {"error": "no key"}))).check_reachable()
+    for status in (200, 404):  # a server without GET /models still serves completions
+        ok = _Server((status, {"data": []}))
+        _backend(ok).check_reachable()
+        assert [r.url.path for r in ok.seen] == ["/v1/models"]
+
+
+def test_run_against_a_closed_port_stops_before_any_sample(tmp_path):
+    import socket
+
+    from typer.testing import CliRunner
+
+    from memagent.cli import app
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "in.jsonl").write_text('{"id": "a", "question": "q", "context": "doc"}\n')
+    t0 = time.perf_counter()
+    r = CliRunner().invoke(app, ["run", "-b", "openai", "--base-url", f"http://127.0.0.1:{port}/v1", "--model", "m",
+                                 "--tokenizer", "bytes", "-i", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "o.jsonl")])
+    assert r.exit_code == 2 and f"cannot reach http://127.0.0.1:{port}/v1" in r.output, r.output
+    assert time.perf_counter() - t0 < 10 and not (tmp_path / "o.jsonl").exists()

@@ -384,6 +384,23 @@ class OpenAIBackend:
             raise BadResponse(f"HTTP {resp.status_code} with a body that is not JSON: {body[:200]!r}", rid)
         return parse_response(body, rid)
 
+    def check_reachable(self, timeout_s: float = 10.0) -> None:
+        """Fail fast, before any sample, when the server cannot be reached or refuses the key: one ``GET
+        /models`` without retries. Other HTTP statuses pass (not every compatible server lists its models).
+
+        Raises:
+            BackendError: a connection error or timeout (names ``base_url``), or HTTP 401/403 (names the key's
+                environment variable).
+        """
+        try:
+            resp = self._client.get("models", timeout=timeout_s)
+        except httpx.HTTPError as e:
+            raise BackendError(self._redact(f"cannot reach {self.base_url} ({type(e).__name__}: {e}); is the server "
+                                            "running, and is --base-url right (with its /v1 prefix)?")) from e
+        if resp.status_code in (401, 403):
+            raise BackendError(f"{self.base_url} refused the API key (HTTP {resp.status_code}); put the key in "
+                               f"${self.api_key_env} (--api-key-env names the variable)")
+
     def server_context_tokens(self) -> int | None:
         """The served model's context window as the server reports it (vLLM's ``max_model_len`` in
         ``GET /models``), or ``None`` when the server does not say (llama.cpp's server, hosted APIs).

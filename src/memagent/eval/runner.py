@@ -333,6 +333,9 @@ class EvalRunner:
             self.write_manifest(writer)
             cells = [(t, n) for t in self.config.tasks for n in t.lengths if selected is None or (t.name, n) in selected]
             self.prepare(cells)
+            reachable = getattr(self.backend, "check_reachable", None)  # a server: fail before any row
+            if reachable is not None and cells:
+                reachable()
             for task, length in cells:
                 samples = self.cell_samples(task, length)
                 for method in self.config.methods:
