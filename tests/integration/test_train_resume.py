@@ -127,3 +127,17 @@ def test_cosine_schedule_refuses_a_new_run_length_on_resume(tmp_path):
     with pytest.raises(ConfigError, match=r"run.total_steps \(the cosine schedule decays to 0 at it\): 2 -> 4"):
         _run(tmp_path / "cut", "optim.schedule=cosine", "run.total_steps=4")
     assert _run(tmp_path / "cut", "optim.schedule=cosine").step == 2
+
+
+def test_an_edited_template_file_is_refused_on_resume(tmp_path):
+    from importlib import resources
+
+    path = tmp_path / "tpl.yaml"
+    path.write_text(resources.files("memagent.agent").joinpath("templates/default.yaml").read_text(encoding="utf-8"))
+    _run(tmp_path / "cut", f"agent.templates={path}", "run.stop_after_step=1")
+    original = path.read_text()
+    path.write_text(original.replace("No previous memory", "No memory yet", 1))
+    with pytest.raises(ConfigError, match=r"prompt templates \(agent.templates' text\)"):
+        _run(tmp_path / "cut", f"agent.templates={path}")
+    path.write_text(original)
+    assert _run(tmp_path / "cut", f"agent.templates={path}").step == 2

@@ -23,7 +23,7 @@ def train_command(
 
     try:
         cfg = load_config(config, list(overrides or []))
-        info = init_distributed()
+        info = init_distributed(cfg.run.dist_timeout_s)
         trainer = Trainer(cfg, info)
         last = trainer.fit()
         if info.is_main:

@@ -139,6 +139,9 @@ class RunConfig:
             policy, reference model and optimizer state) or ``fsdp`` (FSDP2 shards them over the processes;
             rollouts run on an unsharded copy; see :mod:`memagent.train.distributed`). No effect in one
             process. Checkpoints are the same either way, so a run may switch on resume.
+        dist_timeout_s: under ``torchrun``, how long a process waits in a collective, in seconds. The other
+            processes wait at a barrier while rank 0 validates and writes checkpoints, which for a large model
+            takes longer than torch's default of 10 minutes.
     """
 
     output_dir: str = "runs/train"
@@ -153,6 +156,7 @@ class RunConfig:
     keep_checkpoints: int = 2
     torch_threads: int | None = None
     distributed: Literal["ddp", "fsdp"] = "ddp"
+    dist_timeout_s: int = 7200
 
 
 @dataclass(frozen=True)
@@ -194,6 +198,7 @@ class TrainConfig:
              "from the last one)"),
             (r.save_every >= 0 and r.val_every >= 0, "need run.save_every >= 0 and run.val_every >= 0 (0 = never)"),
             (r.stop_after_step is None or r.stop_after_step >= 1, "run.stop_after_step must be >= 1 or null"),
+            (r.dist_timeout_s >= 1, "run.dist_timeout_s must be >= 1 (seconds)"),
             (self.agent.temperature > 0, "agent.temperature must be > 0: rollouts sample (G rollouts at temperature 0 "
              "would be identical), and the training log-probabilities are taken at this temperature"),
             (0 < self.agent.top_p <= 1, "need 0 < agent.top_p <= 1"),

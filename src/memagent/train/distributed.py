@@ -58,10 +58,11 @@ class DistInfo:
         return self.world_size > 1
 
 
-def init_distributed() -> DistInfo:
+def init_distributed(timeout_s: float | None = None) -> DistInfo:
     """Join the process group when launched by ``torchrun`` (``WORLD_SIZE`` > 1), else run single-process.
 
-    Uses NCCL with one GPU per local rank when CUDA is available, gloo on CPU.
+    Uses NCCL with one GPU per local rank when CUDA is available, gloo on CPU. ``timeout_s``: how long a
+    collective waits (``None``: torch's default, 10 minutes).
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
@@ -71,7 +72,10 @@ def init_distributed() -> DistInfo:
     if cuda:
         torch.cuda.set_device(local)
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if cuda else "gloo")
+        from datetime import timedelta
+
+        dist.init_process_group(backend="nccl" if cuda else "gloo",
+                                timeout=timedelta(seconds=timeout_s) if timeout_s is not None else None)
     return DistInfo(rank, world, local, f"cuda:{local}" if cuda else "cpu")
 
 

@@ -320,7 +320,11 @@ class Trainer:
         ecfg = EvalConfig(methods=(method,), tasks=(task,), name=f"validation step {self.step}", output=out,
                           seed=self.cfg.run.seed, temperature=a.val_temperature, top_p=a.val_top_p,
                           backend={"name": "hf", "model": self.cfg.model.path, "step": self.step})
-        rows = read_results(EvalRunner(ecfg, backend=self.backend, tokenizer=self.backend.tokenizer).run())
+        try:
+            rows = read_results(EvalRunner(ecfg, backend=self.backend, tokenizer=self.backend.tokenizer).run())
+        except ConfigError as e:  # rows of an earlier start of this run, made with other settings
+            raise ConfigError(f"validation at step {self.step}: {out} holds rows this run cannot continue ({e}). "
+                              f"Delete {out} to validate again, or restore the earlier settings") from None
         res: dict[str, float] = {}
         for m in mults:
             rs = [r for r in rows if int(r["length"]) == tokens[m]]
@@ -368,7 +372,7 @@ class Trainer:
                 "skipped_updates": self.skipped_updates,
                 "model": model_sd, "optimizer": optim_sd,
                 "scheduler": self.scheduler.state_dict(), "rng": _rng_state(),
-                "config": config_to_dict(self.cfg),
+                "config": config_to_dict(self.cfg), "templates_hash": self.templates.hash,
             }
             tmp = path + ".tmp"
             torch.save(state, tmp)
@@ -391,6 +395,8 @@ class Trainer:
             return False
         state = torch.load(found[-1], map_location="cpu", weights_only=False)
         changed = config_changes(state.get("config", {}), config_to_dict(self.cfg))
+        if state.get("templates_hash", self.templates.hash) != self.templates.hash:  # the file's text, not its path
+            changed.append(("prompt templates (agent.templates' text)", state["templates_hash"], self.templates.hash))
         old_total = state.get("config", {}).get("run", {}).get("total_steps", self.cfg.run.total_steps)
         if self.cfg.optim.schedule == "cosine" and old_total != self.cfg.run.total_steps:
             changed.append(("run.total_steps (the cosine schedule decays to 0 at it)", old_total, self.cfg.run.total_steps))
@@ -499,6 +505,7 @@ class Trainer:
 RESUMABLE_CHANGES = frozenset({
     "run.total_steps", "run.stop_after_step", "run.save_every", "run.val_every", "run.val_before_train",
     "run.keep_checkpoints", "run.tensorboard", "run.torch_threads", "run.resume", "run.output_dir", "run.distributed",
+    "run.dist_timeout_s",
     "model.logprob_chunk_tokens", "model.gradient_checkpointing", "optim.micro_batch_tokens",
 })
 
