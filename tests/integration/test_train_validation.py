@@ -76,3 +76,18 @@ def test_validation_rows_carry_context_length(tmp_path):
     tok = t.backend.tokenizer
     want = {s.id: len(tok.encode(s.context)) for m in (1, 4) for s in t.val_samples[m]}
     assert {r["sample_id"]: r["context_tokens"] for r in rows} == want
+
+
+def test_validation_rows_of_other_settings_name_the_folder_to_delete(tmp_path):
+    from memagent.errors import ConfigError
+
+    _trainer(tmp_path / "run").validate()  # an earlier start, killed before its first checkpoint
+    cfg = load_config("configs/train_cpu_small.yaml", [
+        f"run.output_dir={tmp_path / 'run'}", "run.resume=false", "agent.chunk_tokens=40", "agent.memory_tokens=8",
+        "agent.final_tokens=6", "agent.batch_size=4",
+    ])
+    t = Trainer(cfg, train_samples=needle_samples(2, 10, seed=0, prefix="t"),
+                val_samples={1: needle_samples(3, 10, seed=1, prefix="v1x")})
+    folder = tmp_path / "run" / "val" / "step_000000"
+    with pytest.raises(ConfigError, match=rf"validation at step 0: {folder} holds rows this run cannot continue .* Delete {folder}"):
+        t.validate()
