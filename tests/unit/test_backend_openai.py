@@ -290,3 +290,13 @@ def test_run_against_a_closed_port_stops_before_any_sample(tmp_path):
                                  "--tokenizer", "bytes", "-i", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "o.jsonl")])
     assert r.exit_code == 2 and f"cannot reach http://127.0.0.1:{port}/v1" in r.output, r.output
     assert time.perf_counter() - t0 < 10 and not (tmp_path / "o.jsonl").exists()
+
+
+def test_a_failed_request_is_named_once_in_the_sample_error():
+    from memagent.agent.loop import AgentConfig, MemoryAgent
+
+    server = _Server((422, {"detail": "nope"}))
+    agent = MemoryAgent(_backend(server, tokenizer=ByteTokenizer()), AgentConfig(chunk_tokens=50, memory_tokens=8,
+                                                                                  final_tokens=8))
+    traj = agent.answer("q?", "a short document", sample_id="s7")
+    assert traj.error == "BackendError: [request s7/chunk0] HTTP 422: nope"

@@ -249,7 +249,8 @@ class MemoryAgent:
             if self.config.strict:
                 raise BackendError(msg, req.request_id)
             st.result = Trajectory(s.id, s.question, tuple(st.turns), "", "", "empty", st.document_tokens,
-                                   error=f"{req.request_id}: {msg}", prompt_hash=self.templates.hash)
+                                   error=msg if f"[request {req.request_id}]" in msg else f"{req.request_id}: {msg}",
+                                   prompt_hash=self.templates.hash)
         elif is_update:
             st.next_chunk += 1
         else:
