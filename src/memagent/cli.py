@@ -195,7 +195,8 @@ def _run_settings(b, agent) -> dict:
     c = agent.config
     return {"backend": b.name, "chunk_tokens": c.chunk_tokens, "memory_tokens": c.memory_tokens,
             "final_tokens": c.final_tokens, "max_context_tokens": c.max_context_tokens, "temperature": c.temperature,
-            "top_p": c.top_p, "seed": c.seed, "templates": agent.templates.hash}
+            "top_p": c.top_p, "seed": c.seed, "templates": agent.templates.hash,
+            "tokenizer": getattr(agent.tokenizer, "name", type(agent.tokenizer).__name__)}
 
 
 def _resume_predictions(path: Path, settings: dict) -> set[str]:
@@ -217,8 +218,10 @@ def _resume_predictions(path: Path, settings: dict) -> set[str]:
             continue
         row = json.loads(line)  # _finished_ids has already named any line that is not JSON
         old = row.get("settings") if isinstance(row, dict) else None
-        if isinstance(old, dict) and old != settings:
-            diffs = [f"{k} {old.get(k)!r} -> {settings[k]!r}" for k in settings if old.get(k) != settings[k]]
+        # a key an older row lacks is not compared (rows made before it was recorded)
+        diffs = [f"{k} {old.get(k)!r} -> {settings[k]!r}" for k in settings if k in old and old[k] != settings[k]] \
+            if isinstance(old, dict) else []
+        if diffs:
             raise MemagentError(f"--resume: {path} holds rows made with other settings ({'; '.join(diffs)}); use the "
                                 "same settings, or a new --output file")
         if isinstance(row, dict) and row.get("status") == "ok":

@@ -194,11 +194,17 @@ def test_resume_keeps_finished_rows_and_runs_the_rest(tmp_path):
     assert [json.dumps(x) for x in rows] == [json.dumps(json.loads(x)) for x in sorted(full, key=lambda t: json.loads(t)["id"])]
     assert rows[0]["settings"] == {"backend": "scripted", "chunk_tokens": 5000, "memory_tokens": 1024, "final_tokens": 1024,
                                    "max_context_tokens": None, "temperature": 0.0, "top_p": 1.0, "seed": 0,
-                                   "templates": rows[0]["prompt_hash"]}
+                                   "templates": rows[0]["prompt_hash"], "tokenizer": "bytes"}
     out.write_text("\n".join(full[:2]) + "\n")
     r = _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted", "--resume", "--memory-tokens", "300")
     assert r.exit_code == 2 and "holds rows made with other settings (memory_tokens 1024 -> 300)" in r.output, r.output
     assert out.read_text() == "\n".join(full[:2]) + "\n"  # untouched
+    r = _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted", "--resume", "--tokenizer", "smollm2")
+    assert r.exit_code == 2 and "(tokenizer 'bytes' -> 'SmolLM2-135M-Instruct.Q4_1.gguf')" in r.output, r.output
+    old_rows = [json.dumps({**json.loads(x), "settings": {k: v for k, v in json.loads(x)["settings"].items()
+                                                          if k != "tokenizer"}}) for x in full[:2]]
+    out.write_text("\n".join(old_rows) + "\n")  # rows written before the tokenizer was recorded still resume
+    assert _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted", "--resume").exit_code == 0
     r = _run("run", "-q", "Q", "-d", "-", "-b", "scripted", "--resume", input="x")
     assert r.exit_code == 2 and "--resume continues an --input run" in r.output
 

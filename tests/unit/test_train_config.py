@@ -58,6 +58,8 @@ def test_overrides_and_types():
     (["run.keep_checkpoints=-1"], "run.keep_checkpoints must be >= 1"),
     (["run.save_every=-1"], r"need run.save_every >= 0 and run.val_every >= 0"),
     (["run.stop_after_step=0"], "run.stop_after_step must be >= 1 or null"),
+    (["data.val_path=v.jsonl", "data.val_context_multipliers=[1, 4]"], "applies to synthetic validation only"),
+    (["run.dist_timeout_s=0"], "run.dist_timeout_s must be >= 1"),
 ])
 def test_bad_settings_are_named(override, message):
     with pytest.raises(ConfigError, match=message):
@@ -89,3 +91,29 @@ def test_empty_training_file_is_named(tmp_path):
     cfg = load_config("configs/train_cpu_small.yaml", [f"data.train_path={empty}", "data.synthetic=null"])
     with pytest.raises(DataError, match="data.train_path .*empty.jsonl holds no samples"):
         _train_data(cfg)
+
+
+def test_docs_list_every_option_with_its_default():
+    # docs/training.md's "Every option" table: every key once, with the dataclass default
+    import dataclasses
+    import re
+    import typing
+
+    import yaml
+
+    from memagent.configtypes import coerce
+    from memagent.train.config import TrainConfig
+
+    text = open("docs/training.md", encoding="utf-8").read().split("## Every option", 1)[1]
+    documented = dict(re.findall(r"^\| `([a-z_]+\.[a-z_]+)` \| `([^`]*)` \|", text, flags=re.M))
+    cfg, hints = TrainConfig(), {}
+    want = {}
+    for sec in dataclasses.fields(cfg):
+        part = getattr(cfg, sec.name)
+        types = typing.get_type_hints(type(part))
+        for f in dataclasses.fields(part):
+            want[f"{sec.name}.{f.name}"] = getattr(part, f.name)
+            hints[f"{sec.name}.{f.name}"] = types[f.name]
+    assert sorted(documented) == sorted(want)
+    for key, raw in documented.items():
+        assert coerce(yaml.safe_load(raw), hints[key], key) == want[key], key

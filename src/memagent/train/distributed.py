@@ -17,8 +17,8 @@ the parameters, gradients and AdamW state. Three things make this work with a me
 
 - Rollouts run on an unsharded copy of the policy (one per rank, no gradients, no optimizer state). Ranks
   generate different numbers of tokens, and a forward on the sharded module all-gathers in every layer, so
-  generating on it would deadlock. After every optimizer step the full weights are gathered
-  (``get_model_state_dict(full_state_dict=True)``) and loaded into the copy.
+  generating on it would deadlock. After each training step's optimizer steps the full weights are
+  gathered (``get_model_state_dict(full_state_dict=True)``) and loaded into the copy.
 - Scoring and training passes run the same number of forwards on every rank: each pass first agrees on the
   largest micro-batch count (:func:`all_reduce_max`), and a rank with fewer micro-batches runs forwards (and
   backwards with loss 0) on a 2-token dummy row.
@@ -62,7 +62,7 @@ def init_distributed(timeout_s: float | None = None) -> DistInfo:
     """Join the process group when launched by ``torchrun`` (``WORLD_SIZE`` > 1), else run single-process.
 
     Uses NCCL with one GPU per local rank when CUDA is available, gloo on CPU. ``timeout_s``: how long a
-    collective waits (``None``: torch's default, 10 minutes).
+    collective waits (``None``: torch's default, 10 minutes with NCCL and 30 with gloo).
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
