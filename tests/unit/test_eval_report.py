@@ -63,7 +63,7 @@ def test_report_two_runs(tmp_path):
     files = write_report([tmp_path / "r1", tmp_path / "r2"], tmp_path / "out")
     assert [f.name for f in files] == ["summary.csv", "summary.md", "accuracy.png"]
     assert (tmp_path / "out" / "accuracy.png").stat().st_size > 5000
-    rows = list(csv.DictReader(open(tmp_path / "out" / "summary.csv")))
+    rows = list(csv.DictReader((tmp_path / "out" / "summary.csv").read_text().splitlines()))
     assert len(rows) == 4 + 1 + 1
     r = next(x for x in rows if x["method"] == "base/direct" and x["length"] == "100")
     assert (r["mean_pct"], r["stderr_pct"], r["n"], r["n_error"], r["f1_pct"]) == ("50.0", "50.0", "2", "0", "25.0")
@@ -84,7 +84,7 @@ def test_runs_with_same_name_and_folder_name_stay_apart(tmp_path):
     _write_run(tmp_path / "a" / "val" / "s", [_row("policy", "val", 100, x, 1.0) for x in "pq"], "same")
     _write_run(tmp_path / "b" / "val" / "s", [_row("policy", "val", 100, "p", 0.0)], "same")
     write_report([tmp_path / "a" / "val" / "s", tmp_path / "b" / "val" / "s"], tmp_path / "out", plot=False)
-    rows = {r["method"]: r for r in csv.DictReader(open(tmp_path / "out" / "summary.csv"))}
+    rows = {r["method"]: r for r in csv.DictReader((tmp_path / "out" / "summary.csv").read_text().splitlines())}
     assert set(rows) == {"a/val/s/policy", "b/val/s/policy"}
     assert (rows["a/val/s/policy"]["n"], rows["a/val/s/policy"]["mean_pct"]) == ("2", "100.0")
     assert (rows["b/val/s/policy"]["n"], rows["b/val/s/policy"]["mean_pct"]) == ("1", "0.0")

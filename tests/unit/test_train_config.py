@@ -1,4 +1,5 @@
 import json
+import pathlib
 
 import pytest
 
@@ -104,7 +105,7 @@ def test_docs_list_every_option_with_its_default():
     from memagent.configtypes import coerce
     from memagent.train.config import TrainConfig
 
-    text = open("docs/training.md", encoding="utf-8").read().split("## Every option", 1)[1]
+    text = pathlib.Path("docs/training.md").read_text(encoding="utf-8").split("## Every option", 1)[1]
     documented = dict(re.findall(r"^\| `([a-z_]+\.[a-z_]+)` \| `([^`]*)` \|", text, flags=re.M))
     cfg, hints = TrainConfig(), {}
     want = {}
