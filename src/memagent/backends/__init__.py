@@ -38,10 +38,17 @@ def _hf():
     return HFBackend
 
 
+def _vllm():
+    from memagent.backends.vllm import VLLMBackend
+
+    return VLLMBackend
+
+
 BACKENDS.register_lazy("scripted", _scripted)
 BACKENDS.register_lazy("llamacpp", _llamacpp)
 BACKENDS.register_lazy("openai", _openai)
 BACKENDS.register_lazy("hf", _hf)
+BACKENDS.register_lazy("vllm", _vllm)
 
 
 def make_backend(name: str, **kwargs: Any) -> Backend:

@@ -91,7 +91,106 @@ def _torch_dtype(dtype: str):
     return table[dtype]
 
 
-class HFBackend:
+def request_seed(base: int, requests: Sequence[Request]) -> int:
+    """A 31-bit sampling seed from a backend's base seed and the requests' seeds and ids: the same requests
+    sample the same tokens again, and different ones draw differently."""
+    key = "|".join(f"{r.seed}:{r.request_id}" for r in requests)
+    return zlib.crc32(f"{base}|{key}".encode()) & 0x7FFFFFFF
+
+
+class ChatTokens:
+    """An HF tokenizer's chat template as token ids: prompts, stop tokens, padding and completions.
+
+    Shared by the in-process engines (:class:`HFBackend`, :class:`memagent.backends.vllm.VLLMBackend`), which
+    both return exact token ids for training. Prompts are rendered with the chat template through
+    :func:`memagent.backends.chat.render_pieces`: template text is tokenized with special tokens parsed,
+    message contents as plain text, so a document that contains ``<|im_end|>`` cannot inject a control token.
+
+    Args:
+        tokenizer: a transformers fast tokenizer with a chat template.
+        name: model name recorded with the tokenizer.
+        model_eos: the model's generation-config ``eos_token_id`` (an id, a list of ids or ``None``); these
+            stop generation too.
+
+    Raises:
+        ConfigError: the tokenizer has no chat template, or no EOS or end-of-turn token.
+    """
+
+    def __init__(self, tokenizer: Any, name: str, model_eos: Any = None):
+        if not getattr(tokenizer, "chat_template", None):
+            raise ConfigError(
+                "the tokenizer has no chat template (a base model?); set tokenizer.chat_template to a Jinja template"
+            )
+        from tokenizers import Tokenizer as _Raw
+
+        self.hf_tokenizer = tokenizer
+        self.tokenizer = HFTokenizer(tokenizer, name=name)
+        self._template_tok = _Raw.from_str(tokenizer.backend_tokenizer.to_str())
+        self._template_tok.no_truncation()
+        self._template_tok.no_padding()
+        self._template_tok.encode_special_tokens = False
+        self.stop_ids = self._stop_ids(model_eos)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
+
+    def _stop_ids(self, model_eos: Any) -> list[int]:
+        tok = self.hf_tokenizer
+        ids: list[int] = []
+        for x in [tok.eos_token_id] + (model_eos if isinstance(model_eos, list) else [model_eos]):
+            if x is not None and x not in ids:
+                ids.append(int(x))
+        vocab = tok.get_vocab()
+        for t in END_OF_TURN_TOKENS:
+            if t in vocab and vocab[t] not in ids:
+                ids.append(int(vocab[t]))
+        if not ids:
+            raise ConfigError("the tokenizer has no EOS or end-of-turn token; generation could never stop")
+        return ids
+
+    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
+        """Token ids of the chat-templated prompt (with the generation prompt), contents as plain text."""
+        render = lambda msgs: self.hf_tokenizer.apply_chat_template(  # noqa: E731
+            msgs, tokenize=False, add_generation_prompt=True
+        )
+        pieces = render_pieces(messages, render)
+        return encode_pieces(
+            pieces,
+            lambda s: self._template_tok.encode(s, add_special_tokens=False).ids,
+            self.tokenizer.encode,
+        )
+
+    def count_prompt_tokens(self, messages: Sequence[Message]) -> int | None:
+        return len(self.prompt_ids(messages))
+
+    def window_error(self, request: Request, prompt: list[int], context_tokens: int | None) -> Completion | None:
+        """An error completion when prompt + ``max_tokens`` exceed the window, else ``None``."""
+        if context_tokens and len(prompt) + request.max_tokens > context_tokens:
+            return Completion(
+                "", "error", usage=Usage(len(prompt), 0),
+                error=f"{request.request_id}: prompt {len(prompt)} + max_tokens {request.max_tokens} tokens exceed "
+                f"the context window of {context_tokens} tokens",
+            )
+        return None
+
+    def _completion(self, request: Request, prompt: list[int], row: list[int], seconds: float) -> Completion:
+        stops = set(self.stop_ids)
+        limit = min(len(row), request.max_tokens)
+        end = next((k for k in range(limit) if row[k] in stops), None)
+        if end is not None:
+            token_ids, finish, text_ids = row[: end + 1], "stop", row[:end]
+        else:
+            token_ids, finish, text_ids = row[:limit], "length", row[:limit]
+        text = self.hf_tokenizer.decode(text_ids, skip_special_tokens=True)
+        return Completion(
+            text=text,
+            finish_reason=finish,
+            usage=Usage(len(prompt), len(token_ids)),
+            token_ids=tuple(token_ids),
+            prompt_token_ids=tuple(prompt),
+            seconds=seconds,
+        )
+
+
+class HFBackend(ChatTokens):
     """A transformers causal LM behind the Backend protocol.
 
     Args:
@@ -128,57 +227,14 @@ class HFBackend:
             tokenizer = tokenizer or loaded_tok
         if tokenizer is None:
             raise ConfigError("HFBackend needs the model's tokenizer when given a model object: pass tokenizer=")
-        if not getattr(tokenizer, "chat_template", None):
-            raise ConfigError(
-                "the tokenizer has no chat template (a base model?); set tokenizer.chat_template to a Jinja template"
-            )
         if max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.model = model
-        self.hf_tokenizer = tokenizer
-        self.tokenizer = HFTokenizer(tokenizer, name=name)
-        from tokenizers import Tokenizer as _Raw
-
-        self._template_tok = _Raw.from_str(tokenizer.backend_tokenizer.to_str())
-        self._template_tok.no_truncation()
-        self._template_tok.no_padding()
-        self._template_tok.encode_special_tokens = False
         self.max_batch_size = max_batch_size
         self.context_tokens = check_context_tokens(context_tokens, "hf") or getattr(model.config, "max_position_embeddings", None)
         self.seed = seed
         self.name = f"hf:{name}"
-        self.stop_ids = self._stop_ids()
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
-
-    def _stop_ids(self) -> list[int]:
-        tok = self.hf_tokenizer
-        ids: list[int] = []
-        eos = getattr(self.model.generation_config, "eos_token_id", None)
-        for x in [tok.eos_token_id] + (eos if isinstance(eos, list) else [eos]):
-            if x is not None and x not in ids:
-                ids.append(int(x))
-        vocab = tok.get_vocab()
-        for t in END_OF_TURN_TOKENS:
-            if t in vocab and vocab[t] not in ids:
-                ids.append(int(vocab[t]))
-        if not ids:
-            raise ConfigError("the tokenizer has no EOS or end-of-turn token; generation could never stop")
-        return ids
-
-    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
-        """Token ids of the chat-templated prompt (with the generation prompt), contents as plain text."""
-        render = lambda msgs: self.hf_tokenizer.apply_chat_template(  # noqa: E731
-            msgs, tokenize=False, add_generation_prompt=True
-        )
-        pieces = render_pieces(messages, render)
-        return encode_pieces(
-            pieces,
-            lambda s: self._template_tok.encode(s, add_special_tokens=False).ids,
-            self.tokenizer.encode,
-        )
-
-    def count_prompt_tokens(self, messages: Sequence[Message]) -> int | None:
-        return len(self.prompt_ids(messages))
+        ChatTokens.__init__(self, tokenizer, name, getattr(model.generation_config, "eos_token_id", None))
 
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
         """Generate one completion per request (request order); see the module docstring for token ids."""
@@ -190,12 +246,9 @@ class HFBackend:
             except Exception as e:  # a template failure concerns this request only
                 out[i] = Completion("", "error", error=f"{r.request_id}: {e}")
                 continue
-            if self.context_tokens and len(ids) + r.max_tokens > self.context_tokens:
-                out[i] = Completion(
-                    "", "error", usage=Usage(len(ids), 0),
-                    error=f"{r.request_id}: prompt {len(ids)} + max_tokens {r.max_tokens} tokens exceed the "
-                    f"context window of {self.context_tokens} tokens",
-                )
+            err = self.window_error(r, ids, self.context_tokens)
+            if err is not None:
+                out[i] = err
                 continue
             key = (float(r.temperature), float(r.top_p) if r.temperature > 0 else 1.0)
             todo.setdefault(key, []).append((i, ids))
@@ -212,8 +265,7 @@ class HFBackend:
         return [c for c in out if c is not None]
 
     def _batch_seed(self, requests: Sequence[Request]) -> int:
-        key = "|".join(f"{r.seed}:{r.request_id}" for r in requests)
-        return zlib.crc32(f"{self.seed}|{key}".encode()) & 0x7FFFFFFF
+        return request_seed(self.seed, requests)
 
     def _generate_batch(
         self, requests: Sequence[Request], prompts: list[list[int]], temperature: float, top_p: float
@@ -255,24 +307,6 @@ class HFBackend:
         new = gen[:, width:].tolist()
         seconds = (time.perf_counter() - t0) / len(requests)
         return [self._completion(r, p, row, seconds) for r, p, row in zip(requests, prompts, new)]
-
-    def _completion(self, request: Request, prompt: list[int], row: list[int], seconds: float) -> Completion:
-        stops = set(self.stop_ids)
-        limit = min(len(row), request.max_tokens)
-        end = next((k for k in range(limit) if row[k] in stops), None)
-        if end is not None:
-            token_ids, finish, text_ids = row[: end + 1], "stop", row[:end]
-        else:
-            token_ids, finish, text_ids = row[:limit], "length", row[:limit]
-        text = self.hf_tokenizer.decode(text_ids, skip_special_tokens=True)
-        return Completion(
-            text=text,
-            finish_reason=finish,
-            usage=Usage(len(prompt), len(token_ids)),
-            token_ids=tuple(token_ids),
-            prompt_token_ids=tuple(prompt),
-            seconds=seconds,
-        )
 
     def close(self) -> None:
         """Nothing to release (the model may be shared with a trainer)."""
