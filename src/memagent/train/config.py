@@ -143,6 +143,11 @@ class RunConfig:
         dist_timeout_s: under ``torchrun``, how long a process waits in a collective, in seconds. The other
             processes wait at a barrier while rank 0 validates and writes checkpoints, which for a large model
             takes longer than torch's defaults (10 minutes with NCCL, 30 with gloo).
+        rollout_engine: what generates rollouts and validation answers: ``hf`` (transformers ``generate`` on
+            the policy module itself) or ``vllm`` (an in-process vLLM engine per process, loaded from the
+            policy's weights at start and after every step; needs the ``vllm`` package).
+        vllm_gpu_memory_utilization: with ``rollout_engine=vllm``, the fraction of accelerator memory the
+            engine may take (weights + KV cache); the rest is left to training.
     """
 
     output_dir: str = "runs/train"
@@ -158,6 +163,8 @@ class RunConfig:
     torch_threads: int | None = None
     distributed: Literal["ddp", "fsdp"] = "ddp"
     dist_timeout_s: int = 7200
+    rollout_engine: Literal["hf", "vllm"] = "hf"
+    vllm_gpu_memory_utilization: float = 0.3
 
 
 @dataclass(frozen=True)
@@ -202,6 +209,8 @@ class TrainConfig:
             (r.save_every >= 0 and r.val_every >= 0, "need run.save_every >= 0 and run.val_every >= 0 (0 = never)"),
             (r.stop_after_step is None or r.stop_after_step >= 1, "run.stop_after_step must be >= 1 or null"),
             (r.dist_timeout_s >= 1, "run.dist_timeout_s must be >= 1 (seconds)"),
+            (0 < r.vllm_gpu_memory_utilization <= 1, "run.vllm_gpu_memory_utilization must be in (0, 1] (a fraction "
+             "of accelerator memory)"),
             (self.agent.temperature > 0, "agent.temperature must be > 0: rollouts sample (G rollouts at temperature 0 "
              "would be identical), and the training log-probabilities are taken at this temperature"),
             (0 < self.agent.top_p <= 1, "need 0 < agent.top_p <= 1"),

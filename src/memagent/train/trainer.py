@@ -126,7 +126,12 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(o.warmup_steps, cfg.run.total_steps, o.schedule)
         )
-        self.backend = HFBackend(self.rollout_policy, self.hf_tokenizer, max_batch_size=cfg.agent.batch_size, seed=cfg.run.seed)
+        self.out_dir = cfg.run.output_dir
+        if cfg.run.rollout_engine == "vllm":
+            self.backend = self._vllm_backend()
+        else:
+            self.backend = HFBackend(self.rollout_policy, self.hf_tokenizer, max_batch_size=cfg.agent.batch_size,
+                                     seed=cfg.run.seed)
         self.pad_id = self.backend.pad_id
         self.templates = _templates(cfg.agent.templates)
         self.train_samples = train_samples if train_samples is not None else _train_data(cfg)
@@ -141,7 +146,6 @@ class Trainer:
         )
         self.step = 0
         self.skipped_updates = 0
-        self.out_dir = cfg.run.output_dir
         self.ckpt_dir = os.path.join(self.out_dir, "checkpoints")
         if not cfg.run.resume and (glob.glob(os.path.join(self.ckpt_dir, "step_*.pt"))
                                    or os.path.exists(os.path.join(self.out_dir, "metrics.jsonl"))):
@@ -226,8 +230,7 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + v
-        if self.fsdp:
-            self.sync_rollout_policy()
+        self.sync_rollout_policy()
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
         self.step += 1
@@ -337,11 +340,36 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------ checkpoints
     def sync_rollout_policy(self) -> None:
-        """FSDP: gather the full weights (a collective: every rank calls this) into the unsharded rollout copy."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        """Bring the rollout engine up to the policy's weights after they changed (an update or a resume).
 
-        full = get_model_state_dict(self.policy, options=StateDictOptions(full_state_dict=True))
-        self.rollout_policy.load_state_dict(full)
+        FSDP: gather the full weights (a collective: every rank calls this) into the unsharded rollout copy.
+        vLLM rollouts: then copy the full weights into the engine. Otherwise rollouts run on the policy
+        module itself and nothing is copied."""
+        if self.fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            full = get_model_state_dict(self.policy, options=StateDictOptions(full_state_dict=True))
+            self.rollout_policy.load_state_dict(full)
+        if self.cfg.run.rollout_engine == "vllm":
+            with torch.no_grad():
+                self.backend.load_weights((n, p.detach()) for n, p in self.rollout_policy.named_parameters())
+
+    def _vllm_backend(self):
+        """An in-process vLLM engine started from the policy's current weights (written once to
+        ``output_dir/rollout_init``, which vLLM loads; later weights are pushed in memory)."""
+        from memagent.backends.vllm import VLLMBackend
+
+        init = os.path.join(self.out_dir, "rollout_init")
+        if self.dist.is_main:
+            self.rollout_policy.save_pretrained(init)
+            self.hf_tokenizer.save_pretrained(init)
+        barrier()
+        extra = {}
+        if self.dist.enabled:  # one engine per process, inside the torchrun world vLLM finds already set up
+            extra = {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1}
+        return VLLMBackend(init, dtype=self.cfg.model.dtype, seed=self.cfg.run.seed + self.dist.rank,
+                           gpu_memory_utilization=self.cfg.run.vllm_gpu_memory_utilization, weight_sync=True,
+                           tokenizer=self.hf_tokenizer, **extra)
 
     def full_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """``(model, optimizer)`` state dicts, unsharded, keyed by parameter name (the layout of
@@ -415,10 +443,10 @@ class Trainer:
         if self.fsdp:
             set_model_state_dict(self.policy, state["model"], options=opts)
             set_optimizer_state_dict(self.policy, self.optimizer, optim_sd, options=opts)
-            self.sync_rollout_policy()
         else:
             self.policy.load_state_dict(state["model"])
             self.optimizer.load_state_dict(_optimizer_by_index(optim_sd, self.policy))
+        self.sync_rollout_policy()
         self.scheduler.load_state_dict(state["scheduler"])
         _set_rng_state(state["rng"])
         self.step = int(state["step"])
@@ -505,7 +533,7 @@ class Trainer:
 RESUMABLE_CHANGES = frozenset({
     "run.total_steps", "run.stop_after_step", "run.save_every", "run.val_every", "run.val_before_train",
     "run.keep_checkpoints", "run.tensorboard", "run.torch_threads", "run.resume", "run.output_dir", "run.distributed",
-    "run.dist_timeout_s",
+    "run.dist_timeout_s", "run.rollout_engine", "run.vllm_gpu_memory_utilization",
     "model.logprob_chunk_tokens", "model.gradient_checkpointing", "optim.micro_batch_tokens",
 })
 
