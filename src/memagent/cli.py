@@ -338,13 +338,14 @@ def run(
                 typer.echo(turn.memory, err=True)
 
         def on_result(sample, traj):
+            # turns first, then the prediction row: a sample counts as done (for --resume) only once its turns
+            # are on disk; a kill between the two reruns it, and the resume drops its earlier turns
+            if trace_f:
+                trace_f.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in trace_rows(traj)))
+                trace_f.flush()
             if out_f:
                 out_f.write(json.dumps(_prediction_row(sample, traj, settings), ensure_ascii=False) + "\n")
                 out_f.flush()
-            if trace_f:
-                for row in trace_rows(traj):
-                    trace_f.write(json.dumps(row, ensure_ascii=False) + "\n")
-                trace_f.flush()
 
         try:
             trajs = agent.run(samples, on_result=on_result, on_turn=on_turn, progress=sys.stderr.isatty())

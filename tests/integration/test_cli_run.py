@@ -209,6 +209,37 @@ def test_resume_keeps_finished_rows_and_runs_the_rest(tmp_path):
     assert r.exit_code == 2 and "--resume continues an --input run" in r.output
 
 
+def test_kill_between_trace_and_row_loses_no_turns(tmp_path, monkeypatch):
+    # a kill lands after sample s1's turns are written and before its prediction row: the resumed run must
+    # redo s1 and leave each sample's turns in the trace exactly once
+    import memagent.cli as cli
+
+    inp, out, trace = _input(tmp_path, 3), tmp_path / "preds.jsonl", tmp_path / "trace.jsonl"
+    assert _run("run", "-i", str(inp), "-o", str(tmp_path / "ref.jsonl"), "-b", "scripted",
+                "--trace", str(tmp_path / "ref_trace.jsonl")).exit_code == 0
+    want = sorted((tmp_path / "ref_trace.jsonl").read_text().splitlines(), key=lambda t: json.loads(t)["sample_id"])
+    real = cli._prediction_row
+
+    def killed_at_s1(sample, traj, settings):
+        if sample.id == "s1":
+            raise KeyboardInterrupt
+        return real(sample, traj, settings)
+
+    monkeypatch.setattr(cli, "_prediction_row", killed_at_s1)
+    _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted", "--trace", str(trace))
+    assert [json.loads(x)["id"] for x in out.read_text().splitlines()] == ["s0"]
+    assert {json.loads(x)["sample_id"] for x in trace.read_text().splitlines()} == {"s0", "s1"}
+    monkeypatch.setattr(cli, "_prediction_row", real)
+    assert _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted", "--trace", str(trace), "--resume").exit_code == 0
+    assert sorted(json.loads(x)["id"] for x in out.read_text().splitlines()) == ["s0", "s1", "s2"]
+
+    def timeless(lines):
+        return [{k: v for k, v in json.loads(t).items() if k != "seconds"} for t in lines]
+
+    got = sorted(trace.read_text().splitlines(), key=lambda t: json.loads(t)["sample_id"])
+    assert timeless(got) == timeless(want)
+
+
 def test_input_encoding_and_question_errors(tmp_path):
     bom = tmp_path / "bom.jsonl"
     bom.write_bytes("\ufeff".encode() + b'{"id": "a", "question": "q", "context": "x"}\n')
