@@ -133,7 +133,11 @@ def test_malformed_hotpotqa_files_are_named(tmp_path):
     p = tmp_path / "dev.jsonl"
     for text, message in [("not json\n", r"dev.jsonl:1: invalid JSON"),
                           ('{"question": "q", "answer": "a", "context": [["t"]]}\n', r"dev.jsonl:1: field 'context' must be"),
-                          ("[1]\n", r"dev.jsonl:1: expected a HotpotQA record")]:
+                          ("[1]\n", r"dev.jsonl:1: expected a HotpotQA record"),
+                          ('{"question": "q", "answer": ["a"], "context": []}\n',
+                           r"dev.jsonl:1: field 'answer' must be a non-empty string, got \['a'\]"),
+                          ('{"question": null, "answer": "a", "context": []}\n',
+                           r"dev.jsonl:1: field 'question' must be a non-empty string, got None")]:
         p.write_text(text)
         with pytest.raises(DataError, match=message):
             load_hotpotqa(p)

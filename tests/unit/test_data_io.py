@@ -44,6 +44,19 @@ def test_jsonl_errors_name_file_line_field(tmp_path):
         read_samples(tmp_path / "missing.jsonl")
     with pytest.raises(DataError, match="unknown file type"):
         read_samples(tmp_path / "x.txt")
+    (tmp_path / "garbage.parquet").write_text("not parquet at all")
+    with pytest.raises(DataError, match=r"garbage\.parquet: not a readable parquet file \("):
+        read_samples(tmp_path / "garbage.parquet")
+    for bad_id in ("true", '""', '"  "'):
+        p.write_text('{"id": %s, "question": "q", "context": "c"}\n' % bad_id)
+        with pytest.raises(DataError, match=r"bad\.jsonl:1: field 'id' must be a non-empty string or an integer"):
+            read_samples(p)
+    for bad_meta in ("[]", "0", '""', "false"):
+        p.write_text('{"id": 1, "question": "q", "context": "c", "metadata": %s}\n' % bad_meta)
+        with pytest.raises(DataError, match=r"bad\.jsonl:1: field 'metadata' "):
+            read_samples(p)
+    p.write_text('{"id": 1, "question": "q", "context": "c", "metadata": null}\n')
+    assert read_samples(p)[0].metadata == {}
 
 
 def test_documents_field_and_optional_fields(tmp_path):

@@ -71,7 +71,8 @@ def load_hotpotqa(path: str | os.PathLike) -> list[HotpotRecord]:
     """Read a HotpotQA distractor file: the official JSON list or our JSONL subset (one record per line).
 
     Raises:
-        DataError: missing file or a record without question/answer/context (names file, line, field).
+        DataError: missing file, or a record without question/answer/context or with a question or answer
+            that is not a non-empty string (names file, line, field).
     """
     p = Path(path)
     if not p.is_file():
@@ -85,6 +86,9 @@ def load_hotpotqa(path: str | os.PathLike) -> list[HotpotRecord]:
         for key in ("question", "answer", "context"):
             if key not in r:
                 raise DataError(f"{where}: missing field {key!r}")
+        for key in ("question", "answer"):
+            if not isinstance(r[key], str) or not r[key].strip():
+                raise DataError(f"{where}: field {key!r} must be a non-empty string, got {r[key]!r}")
         ctx = r["context"]
         try:
             if isinstance(ctx, dict):  # HF layout: {"title": [...], "sentences": [[...]]}

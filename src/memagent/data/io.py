@@ -59,7 +59,8 @@ def iter_records(path: str | os.PathLike) -> Iterator[tuple[str, Any]]:
     ``location`` is ``"<file>:<line>"`` for JSONL and ``"<file>[<row>]"`` otherwise.
 
     Raises:
-        DataError: the file is missing, a folder or unreadable, not UTF-8, or a line/file is not valid JSON.
+        DataError: the file is missing, a folder or unreadable, not UTF-8, a line/file is not valid JSON, or a
+            parquet file cannot be read.
     """
     p = Path(path)
     fmt = _format(p)
@@ -89,9 +90,14 @@ def iter_records(path: str | os.PathLike) -> Iterator[tuple[str, Any]]:
         for i, obj in enumerate(data):
             yield f"{p}[{i}]", obj
     else:
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        for i, obj in enumerate(pq.read_table(p).to_pylist()):
+        try:
+            rows = pq.read_table(p).to_pylist()
+        except (pa.ArrowException, OSError) as e:
+            raise DataError(f"{p}: not a readable parquet file ({e})") from None
+        for i, obj in enumerate(rows):
             yield f"{p}[{i}]", obj
 
 

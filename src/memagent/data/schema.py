@@ -77,6 +77,8 @@ def sample_from_dict(obj: Any, where: str = "<record>") -> Sample:
     if not isinstance(obj, Mapping):
         raise DataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     sid = _need(obj, "id", (str, int), where)
+    if isinstance(sid, bool) or not str(sid).strip():
+        raise DataError(f"{where}: field 'id' must be a non-empty string or an integer, got {sid!r}")
     question = _need(obj, "question", str, where)
     if not question.strip():
         raise DataError(f"{where}: field 'question' is empty; every sample needs a question")
@@ -93,7 +95,9 @@ def sample_from_dict(obj: Any, where: str = "<record>") -> Sample:
         raise DataError(f"{where}: give the gold answers in one field, 'answers' (a list) or 'answer', not both")
     key = "answer" if "answer" in obj else "answers"  # 'answer': HotpotQA's and many datasets' own name
     answers = _answers(obj.get(key), where, key)
-    metadata = obj.get("metadata") or {}
+    metadata = obj.get("metadata")
+    if metadata is None:
+        metadata = {}
     if isinstance(metadata, str):  # parquet stores metadata as JSON text
         try:
             metadata = json.loads(metadata)
