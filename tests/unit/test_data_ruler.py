@@ -138,9 +138,12 @@ def test_build_files_and_cli(tmp_path, gguf_tokenizer, data_root):
     from memagent.data.cli import app, parse_ints
 
     assert parse_ints("8K,16384", "--lengths") == [8192, 16384]
+    assert parse_ints("4K,4096, 8K", "--lengths") == [4096, 8192] and parse_ints(" ", "--lengths") == []
     out = tmp_path / "cli"
-    r = CliRunner().invoke(app, ["ruler", "--task", "niah_single_1", "--lengths", "2K", "-n", "1", "-o", str(out)])
+    r = CliRunner().invoke(app, ["ruler", "--task", "niah_single_1,niah_single_1", "--lengths", "2K,2048", "-n", "1",
+                                 "-o", str(out)])
     assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines() == [str(out / "niah_single_1_2048.jsonl")]  # built once
     assert (out / "niah_single_1_2048.jsonl").is_file()
     r = CliRunner().invoke(app, ["ruler", "--task", "nope", "-o", str(out)])
     assert r.exit_code == 2 and "unknown RULER task" in r.output
@@ -156,6 +159,7 @@ def test_build_files_and_cli(tmp_path, gguf_tokenizer, data_root):
         (["ruler", "--task", "niah_single_2", "-l", "2K", "-n", "1", "--haystack", "gutenbrg"], "essay .* or gutenberg"),
         (["ruler", "--task", "vt", "-l", "2K", "-n", "0"], "--samples must be >= 1"),
         (["ruler", "--task", " ,", "-l", "2K", "-n", "1"], "--task: name at least one task"),
+        (["ruler", "--task", "vt", "-l", "", "-n", "1"], "--lengths: give at least one target length"),
         (["hotpotqa", "--docs", "50,8k", "-n", "1"], "--docs: '8k': a number of documents takes no K/M suffix"),
     ]
     for args, message in bad:

@@ -21,7 +21,7 @@ DATA_ROOT = typer.Option(None, "--data-root", help="data folder (default: $MEMAG
 
 
 def parse_ints(text: str | None, option: str, suffix: bool = True) -> list[int]:
-    """``"50,100"`` -> ``[50, 100]``; ``K``/``M`` suffixes allowed (``8K`` = 8192 tokens, ``1M`` = 1048576)
+    """``"50,100"`` -> ``[50, 100]``, in order, each size once; ``K``/``M`` suffixes allowed (``8K`` = 8192 tokens, ``1M`` = 1048576)
     unless ``suffix`` is false (numbers of documents: "8K documents" is almost surely a token length).
 
     Raises:
@@ -29,9 +29,9 @@ def parse_ints(text: str | None, option: str, suffix: bool = True) -> list[int]:
     """
     from memagent.errors import ConfigError
 
-    if not text:
+    if not text or not text.strip():
         return []
-    out = []
+    out: list[int] = []
     for item in text.split(","):
         s = item.strip().lower()
         mult = 1
@@ -49,7 +49,8 @@ def parse_ints(text: str | None, option: str, suffix: bool = True) -> list[int]:
             raise ConfigError(f"{option}: {item!r} is not a whole number (write sizes like 8192 or 8K, comma-separated)") from None
         if v < 1:
             raise ConfigError(f"{option}: sizes must be positive, got {item!r}")
-        out.append(v)
+        if v not in out:  # 4K,4096 is one size
+            out.append(v)
     return out
 
 
@@ -114,17 +115,21 @@ def ruler_command(
     from memagent.data.ruler import ALL_TASKS, MEMAGENT_TASKS
     from memagent.data.ruler.build import build_ruler
 
-    names = {"all": list(ALL_TASKS), "memagent": list(MEMAGENT_TASKS)}.get(task) or [t.strip() for t in task.split(",") if t.strip()]
+    names = {"all": list(ALL_TASKS), "memagent": list(MEMAGENT_TASKS)}.get(task) or list(
+        dict.fromkeys(t.strip() for t in task.split(",") if t.strip()))
     try:
         if not names:
             raise ConfigError(f"--task: name at least one task, 'all' or 'memagent' (tasks: {', '.join(ALL_TASKS)})")
+        length_list = parse_ints(lengths, "--lengths")
+        if not length_list:
+            raise ConfigError("--lengths: give at least one target length in tokens, e.g. 8192,16384 or 8K,16K")
         if haystack not in (None, "essay", "gutenberg"):
             raise ConfigError(f"--haystack must be essay (the default) or gutenberg, got {haystack!r}")
         if samples < 1:
             raise ConfigError(f"--samples must be >= 1, got {samples}")
         _check_out(out)
         files = build_ruler(
-            out, names, parse_ints(lengths, "--lengths"), load_tokenizer(tokenizer), num_samples=samples, seed=seed,
+            out, names, length_list, load_tokenizer(tokenizer), num_samples=samples, seed=seed,
             haystack=haystack, data_root=data_root,
         )
     except MemagentError as e:
