@@ -127,6 +127,13 @@ def test_unknown_task_and_qa_index():
         build_ruler_sample("niah_singel_1", 4096, 0, ByteTokenizer())
 
 
+def test_a_question_too_long_for_the_length_is_named(data_root):
+    from memagent.errors import DataError
+
+    with pytest.raises(DataError, match=r"^sample 3 \(question '[0-9a-f]+'\): the question's own documents alone take"):
+        build_ruler_sample("qa_1", 300, 3, ByteTokenizer(), data_root=data_root)
+
+
 def test_build_files_and_cli(tmp_path, gguf_tokenizer, data_root):
     files = build_ruler(tmp_path, ["niah_single_1", "vt"], [2048], gguf_tokenizer, num_samples=2, seed=5)
     assert [f.name for f in files] == ["niah_single_1_2048.jsonl", "vt_2048.jsonl"]

@@ -9,7 +9,7 @@ import pytest
 
 from memagent.backends.scripted import ScriptedBackend
 from memagent.data.io import write_samples
-from memagent.errors import ConfigError
+from memagent.errors import ConfigError, DataError
 from memagent.eval.grid import EvalConfig
 from memagent.eval.metrics import read_results, summarize
 from memagent.eval.runner import EvalRunner, ResultWriter
@@ -460,3 +460,13 @@ def test_hotpotqa_keep_incomplete_is_a_data_setting(tmp_path, data_root):
     manifest.write_text(json.dumps(m))
     assert len(run(config(keep_incomplete=True))) == 12  # accepted; the built data in data/ is reused
     assert json.loads(manifest.read_text())["task_settings"]["hotpotqa"]["keep_incomplete"] is True
+
+
+def test_a_missing_task_file_names_the_task_and_length(tmp_path):
+    cfg = EvalConfig.from_dict({
+        "output": str(tmp_path / "m"), "backend": {"name": "scripted"},
+        "methods": [{"name": "m", "chunk_tokens": 500, "memory_tokens": 64, "final_tokens": 64}],
+        "tasks": [{"name": "mine", "lengths": [1], "samples": 1, "files": {1: str(tmp_path / "nosuch.jsonl")}}],
+    })
+    with pytest.raises(DataError, match=r"^task 'mine', file for length 1: input file '.*nosuch\.jsonl' not found$"):
+        EvalRunner(cfg, backend=ScriptedBackend()).run()

@@ -196,7 +196,10 @@ class EvalRunner:
         from memagent.data.io import read_samples, write_samples
 
         if length in task.files:
-            samples = read_samples(task.files[length], limit=task.samples)
+            try:
+                samples = read_samples(task.files[length], limit=task.samples)
+            except DataError as e:
+                raise DataError(f"task {task.name!r}, file for length {length}: {e}") from None
             if not samples:
                 raise DataError(f"task {task.name!r}: the file for length {length} ({task.files[length]}) holds no samples")
             return samples

@@ -52,7 +52,11 @@ def build_qa(task: str, length: int, index: int, tokenizer: Tokenizer, seed: int
     budget = length - TOKENS_TO_GENERATE["qa"]
     fixed = count_tokens(tokenizer, prefix) + count_tokens(tokenizer, suffix)
     for _ in range(4):
-        ctx = fit_documents(own, pool, budget, rng=sample_rng(seed, f"{task}/{length}/{index}/docs"), tokenizer=tokenizer, more=more, fixed_tokens=fixed)
+        try:
+            ctx = fit_documents(own, pool, budget, rng=sample_rng(seed, f"{task}/{length}/{index}/docs"),
+                                tokenizer=tokenizer, more=more, fixed_tokens=fixed)
+        except DataError as e:
+            raise DataError(f"sample {index} (question {qid!r}): {e}") from None
         tokens = count_tokens(tokenizer, prefix + ctx.context + suffix)
         if tokens <= budget:
             break
