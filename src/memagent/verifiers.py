@@ -6,9 +6,13 @@ functions, so a reward is always a verifier's score.
 
 Our defaults versus the reference (reference doc sections 2.6, 3.3, 4.9 and 6, item 5):
 
-- ``sub_em``: containment either way after normalisation, best over all gold answers. A prediction (or a gold
-  answer) that normalises to the empty string scores 0: the empty string is contained in every string, so
-  without this rule a prediction such as "The." would count as correct. ``sub_em_reference`` keeps the
+- Gold answers made only of articles and punctuation ("A", "The The", "a.") normalise to "", which would
+  make them unmatchable (or, in the SQuAD script, matched by any prediction that also normalises to "").
+  Against such a gold answer both sides are normalised without removing articles
+  (:func:`normalize_keep_articles`), and sub-EM falls back to equality ("a" is inside most words).
+- ``sub_em``: containment either way after normalisation, best over all gold answers. A prediction that
+  normalises to the empty string scores 0: the empty string is contained in every string, so without this
+  rule a prediction such as "The." would count as correct. ``sub_em_reference`` keeps the
   reference's behaviour: only ``answers[0]`` is used, a raw prediction that is empty scores 0, but one that
   normalises to "" (e.g. "the", "...") scores 1.
 - ``strict_boxed``: the training reward. The content of the last ``\\boxed{}`` in the whole response must
@@ -60,6 +64,23 @@ def normalize_answer(text: str | None) -> str:
     return " ".join(text.split())
 
 
+def normalize_keep_articles(text: str | None) -> str:
+    """:func:`normalize_answer` without removing a/an/the: lower-case, delete ASCII punctuation, collapse
+    whitespace. Used for gold answers that consist of articles only (see the module docstring)."""
+    if not text:
+        return ""
+    return " ".join(text.lower().translate(_PUNCTUATION).split())
+
+
+def _normalized_pair(prediction: str | None, answer: str) -> tuple[str, str, bool]:
+    """``(prediction, gold, articles_kept)`` normalised for comparison: by :func:`normalize_answer`, or by
+    :func:`normalize_keep_articles` on both sides when the gold answer is made of articles only."""
+    gold = normalize_answer(answer)
+    if gold:
+        return normalize_answer(prediction), gold, False
+    return normalize_keep_articles(prediction), normalize_keep_articles(answer), True
+
+
 def _as_list(answers: Sequence[str] | str) -> list[str]:
     if isinstance(answers, str):
         return [answers]
@@ -70,32 +91,34 @@ def _as_list(answers: Sequence[str] | str) -> list[str]:
 def exact_match(prediction: str, answers: Sequence[str]) -> float:
     """1.0 when the normalised prediction equals a normalised gold answer, else 0.0.
 
-    An empty normalised prediction never matches (not even an empty gold answer).
+    An empty normalised prediction never matches (not even an empty gold answer); a gold answer made of
+    articles only is compared with articles kept (``exact_match("a", ["A"]) == 1``).
     """
-    pred = normalize_answer(prediction)
-    if not pred:
-        return 0.0
-    return float(any(pred == normalize_answer(a) for a in _as_list(answers)))
+    for a in _as_list(answers):
+        pred, gold, _ = _normalized_pair(prediction, a)
+        if pred and pred == gold:
+            return 1.0
+    return 0.0
 
 
 @VERIFIERS.register("sub_em")
 def sub_em(prediction: str, answers: Sequence[str]) -> float:
     """Substring exact match, either way: gold in prediction or prediction in gold, after normalisation.
 
-    Best over all gold answers. A prediction or gold answer that normalises to "" scores 0 (see the module
-    docstring for why, and :func:`sub_em_reference` for the reference's behaviour). Containment is of
+    Best over all gold answers. A prediction that normalises to "" scores 0 (see the module docstring for
+    why, and :func:`sub_em_reference` for the reference's behaviour); a gold answer made of articles only
+    ("A") must be equal, articles kept. Containment is of
     characters, as in the paper's metric, so a fragment scores too: ``sub_em("n", ["no"]) == 1`` and
     ``sub_em("1", ["1945"]) == 1``. Read it next to :func:`exact_match` and :func:`f1`, which the eval summary
     reports alongside.
 
     Source: reference doc section 2.6 (``sub_em``, the paper's reported "accuracy") and section 6 item 5.
     """
-    pred = normalize_answer(prediction)
-    if not pred:
-        return 0.0
     for a in _as_list(answers):
-        gold = normalize_answer(a)
-        if gold and (gold in pred or pred in gold):
+        pred, gold, articles_only = _normalized_pair(prediction, a)
+        if not pred or not gold:
+            continue
+        if pred == gold if articles_only else (gold in pred or pred in gold):
             return 1.0
     return 0.0
 
@@ -131,14 +154,17 @@ def _f1_one(pred: str, gold: str) -> float:
 def f1(prediction: str, answers: Sequence[str]) -> float:
     """SQuAD token F1 between normalised strings, best over gold answers.
 
-    If either side normalises to yes/no/noanswer and the two differ, F1 is 0. Empty predictions score 0.
+    If either side normalises to yes/no/noanswer and the two differ, F1 is 0. Empty predictions score 0; a
+    gold answer made of articles only is compared with articles kept.
 
     Source: reference doc section 2.6 (``f1``), HotpotQA's evaluation script.
     """
-    pred = normalize_answer(prediction)
-    if not pred:
-        return 0.0
-    return max((_f1_one(pred, normalize_answer(a)) for a in _as_list(answers)), default=0.0)
+    best = 0.0
+    for a in _as_list(answers):
+        pred, gold, _ = _normalized_pair(prediction, a)
+        if pred and gold:
+            best = max(best, _f1_one(pred, gold))
+    return best
 
 
 @VERIFIERS.register("f1_reference")

@@ -46,7 +46,11 @@ def test_exact_match():
     assert exact_match("Beatles", ["Rolling Stones", "beatles"]) == 1.0
     assert exact_match("The Beatles band", ["Beatles"]) == 0.0
     assert exact_match("", [""]) == 0.0
-    assert exact_match("the", ["a"]) == 0.0  # both normalise to "": never a match
+    assert exact_match("the", ["a"]) == 0.0  # both normalise to "", but they differ with articles kept
+    # a gold answer made of articles only is compared with articles kept
+    assert exact_match("A.", ["A"]) == exact_match("the the", ["The The"]) == 1.0
+    assert exact_match("", ["A"]) == exact_match("B", ["A"]) == exact_match("an", ["A"]) == 0.0
+    assert exact_match("x", ["..."]) == 0.0  # punctuation only: unmatchable
     assert exact_match("x", []) == 0.0
 
 
@@ -58,8 +62,10 @@ def test_sub_em_both_directions_and_empty_rule():
     # degenerate predictions: normalise to "" -> 0, unlike the reference mode
     for degenerate in ["", "the", "...", " ", "A."]:
         assert sub_em(degenerate, ["Paris"]) == 0.0
-    # a gold that normalises to "" never matches in our mode
-    assert sub_em("anything", ["The"]) == 0.0
+    # a gold made of articles only must be equal, articles kept: containment would match any "a"
+    assert sub_em("anything", ["The"]) == sub_em("a cat", ["A"]) == 0.0
+    assert sub_em("A", ["A"]) == sub_em("The The!", ["The The"]) == 1.0
+    assert sub_em("Paris", ["The", "paris"]) == 1.0
     # containment is of characters (the paper's metric): fragments score, exact match does not
     assert sub_em("n", ["no"]) == sub_em("1", ["1945"]) == 1.0
     assert exact_match("n", ["no"]) == 0.0
@@ -87,6 +93,9 @@ def test_f1_hand_computed():
     assert f1("London", ["Paris"]) == 0.0
     assert f1("", ["Paris"]) == 0.0
     assert f1("the", ["Paris"]) == 0.0
+    # articles-only gold, articles kept: pred [the, the, band] gold [the, the]: common 2, P=2/3 R=1 -> 0.8
+    assert f1("The The band", ["The The"]) == pytest.approx(0.8)
+    assert f1("a", ["A"]) == 1.0 and f1("the", ["A"]) == 0.0
     # best over answers
     assert f1("Paris", ["London", "Paris"]) == 1.0
     assert f1_reference("Paris", ["London", "Paris"]) == 0.0
