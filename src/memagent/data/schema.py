@@ -11,7 +11,8 @@ documents (:func:`render_documents`), the layout of RULER's qa tasks and RULER-H
 the builders always set (readers do not require them):
 
 - ``task``: task name (``hotpotqa``, ``niah_single_2``, ...);
-- ``length_tokens``: length of ``context`` in tokens of ``tokenizer``;
+- ``length_tokens``: length in tokens of ``tokenizer``: of ``context`` (RULER-HotpotQA), of RULER's whole
+  input, instruction + context + question (RULER tasks, the length RULER fits);
 - ``tokenizer``: the tokenizer's name;
 - ``target_tokens`` / ``num_docs``: what the builder aimed at;
 - ``source``: where the question came from (e.g. ``hotpotqa-dev:<dev_index>``).
