@@ -303,6 +303,38 @@ def test_only_methods_runs_one_method_first_and_matches_one_run(tmp_path):
         EvalRunner(cfg, backend=ScriptedBackend(responder=responder)).run(only_methods=[])
 
 
+def test_manifest_keeps_methods_that_have_rows(tmp_path):
+    from memagent.eval.report import write_report
+
+    both = _config(tmp_path)
+    EvalRunner(both, backend=ScriptedBackend(responder=responder)).run()
+    first = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert set(first["method_hashes"]) == {"memagent", "direct"}
+    agent_only = _config(tmp_path, methods=[both.to_dict()["methods"][0]],
+                         tasks=[dict(both.to_dict()["tasks"][0], lengths=[100], samples=4)])
+    rows = read_results(EvalRunner(agent_only, backend=ScriptedBackend(responder=responder)).run())
+    assert len(rows) == 16 and sum(r["method"] == "direct" for r in rows) == 8
+    m = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert m["method_hashes"] == first["method_hashes"] and m["prompt_hashes"] == first["prompt_hashes"]
+    assert [x["name"] for x in m["config"]["methods"]] == ["memagent", "direct"]
+    assert m["config"]["methods"][1] == first["config"]["methods"][1] and len(m["resumed_at"]) == 1
+    summary = write_report([tmp_path / "run"], plot=False)[1].read_text()
+    assert f"'direct': '{first['prompt_hashes']['direct']}'" in summary
+    assert f"'memagent': '{first['prompt_hashes']['memagent']}'" in summary
+
+    # a method listed in the manifest but without rows is dropped; one with rows that an older manifest lost
+    # gets its rows' method hash back
+    m["method_hashes"].pop("direct")
+    m["prompt_hashes"].pop("direct")
+    m["config"]["methods"] = m["config"]["methods"][:1] + [dict(m["config"]["methods"][1], name="gone")]
+    m["method_hashes"]["gone"] = "0" * 12
+    (tmp_path / "run" / "manifest.json").write_text(json.dumps(m))
+    EvalRunner(agent_only, backend=ScriptedBackend(responder=responder)).run()
+    m = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert m["method_hashes"] == first["method_hashes"] and set(m["prompt_hashes"]) == {"memagent"}
+    assert [x["name"] for x in m["config"]["methods"]] == ["memagent"]
+
+
 def test_malformed_middle_row_is_named_on_resume(tmp_path):
     from memagent.errors import DataError
 

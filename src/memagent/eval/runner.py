@@ -4,7 +4,9 @@ Run folder layout::
 
     manifest.json        provenance: config, per-method hash, prompt hashes, backend/model, tokenizer, seeds,
                          package version, git commit; ``task_settings`` keeps the data settings of every
-                         task that has rows or data here, also those a later config leaves out
+                         task that has rows or data here, and ``config.methods``, ``method_hashes`` and
+                         ``prompt_hashes`` the entries of every method that has rows here, also those a
+                         later config leaves out
     results.jsonl        one row per (method, task, length, sample id), appended and fsync'ed as each
                          sample finishes
     data/                the samples of every (task, length) cell, built once and reused on resume
@@ -251,8 +253,9 @@ class EvalRunner:
         return {t["name"]: _task_settings(t) for t in (old.get("config") or {}).get("tasks", []) if isinstance(t, dict)}
 
     def write_manifest(self, writer: ResultWriter | None = None) -> None:
-        """Write ``manifest.json`` (keeping the first start time and the settings of tasks that have rows or data
-        but are not in this config)."""
+        """Write ``manifest.json``, keeping the first start time, the settings of tasks that have rows or data but
+        are not in this config, and the entries (``config.methods``, ``method_hashes``, ``prompt_hashes``) of
+        methods that have rows but are not in this config."""
         from memagent.agent.prompts import DEFAULT_TEMPLATES, PromptTemplates
 
         prompt_hashes = {}
@@ -261,10 +264,22 @@ class EvalRunner:
                 prompt_hashes[m.name] = direct_template_hash()
             else:
                 prompt_hashes[m.name] = (PromptTemplates.from_file(m.templates) if m.templates else DEFAULT_TEMPLATES).hash
+        path = self.run_dir / "manifest.json"
+        old = read_manifest(path)
+        config = self.config.to_dict()
+        method_hashes = {m.name: self.config.method_hash(m) for m in self.config.methods}
+        old_methods = {m["name"]: m for m in (old.get("config") or {}).get("methods", []) if isinstance(m, dict) and "name" in m}
+        for name in self._earlier_methods(writer, old):  # methods of earlier runs that have rows here
+            if name in old_methods:
+                config["methods"].append(old_methods[name])
+            rows_hash = sorted(writer.hashes[name])[0] if writer is not None else None
+            method_hashes[name] = (old.get("method_hashes") or {}).get(name) or rows_hash
+            if name in (old.get("prompt_hashes") or {}):
+                prompt_hashes[name] = old["prompt_hashes"][name]
         manifest = {
             "name": self.config.name,
-            "config": self.config.to_dict(),
-            "method_hashes": {m.name: self.config.method_hash(m) for m in self.config.methods},
+            "config": config,
+            "method_hashes": method_hashes,
             "prompt_hashes": prompt_hashes,
             "backend": self.backend.name,
             "context_tokens": self.backend.context_tokens,
@@ -277,12 +292,19 @@ class EvalRunner:
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        path = self.run_dir / "manifest.json"
         if path.exists():  # a resumed run keeps its first start time and lists every resume
-            old = read_manifest(path)
             manifest["resumed_at"] = old.get("resumed_at", []) + [manifest["started_at"]]
             manifest["started_at"] = old.get("started_at", manifest["started_at"])
         path.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+    def _earlier_methods(self, writer: ResultWriter | None, old: dict[str, Any]) -> list[str]:
+        """Methods that have rows in the folder but are not in this config (their manifest entries are kept):
+        in the old manifest's order, then any it does not list (an older manifest that lost them)."""
+        with_rows = set(writer.hashes) if writer is not None else set()
+        names = {m.name for m in self.config.methods}
+        listed = [m.get("name") for m in (old.get("config") or {}).get("methods", []) if isinstance(m, dict)]
+        order = list(dict.fromkeys([*listed, *(old.get("method_hashes") or {}), *sorted(with_rows)]))
+        return [n for n in order if n in with_rows and n not in names]
 
     def _merged_task_settings(self, writer: ResultWriter | None) -> dict[str, dict[str, Any]]:
         started = self._started_tasks(writer)
