@@ -335,6 +335,59 @@ def test_manifest_keeps_methods_that_have_rows(tmp_path):
     assert [x["name"] for x in m["config"]["methods"]] == ["memagent"]
 
 
+def test_a_second_process_cannot_run_into_a_locked_folder(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    cfg = _config(tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.jsonl").write_text('{"method": "direct", "ta')  # a torn row the locked-out run must not cut
+    holder = subprocess.Popen(  # another `memagent eval`, mid-run: holds the folder's lock until it dies
+        [sys.executable, "-c", "import fcntl, sys; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); "
+         "print('locked', flush=True); sys.stdin.read()", str(run / ".lock")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        backend = ScriptedBackend(responder=responder)
+        with pytest.raises(ConfigError, match=f"run folder '{run}' is locked: another memagent eval is writing to it"):
+            EvalRunner(cfg, backend=backend).run()
+        assert not backend.calls and sorted(p.name for p in run.iterdir()) == [".lock", "results.jsonl"]
+        assert (run / "results.jsonl").read_text() == '{"method": "direct", "ta'
+    finally:
+        holder.kill()  # a killed holder releases the lock
+        holder.wait()
+        holder.stdout.close()
+        holder.stdin.close()
+    rows = read_results(EvalRunner(cfg, backend=ScriptedBackend(responder=responder)).run())
+    assert len(rows) == 16 and len((run / "results.jsonl").read_text().splitlines()) == 16
+
+    import fcntl
+
+    with open(run / ".lock", "a") as f:  # held in this process, through another open file: refused too ...
+        fcntl.flock(f, fcntl.LOCK_EX)
+        with pytest.raises(ConfigError, match="is locked"):
+            EvalRunner(cfg, backend=ScriptedBackend(responder=responder)).run()
+        monkeypatch.setitem(sys.modules, "fcntl", None)  # ... but without fcntl (not POSIX) there is no lock
+        logs = []
+        EvalRunner(cfg, backend=ScriptedBackend(responder=responder), log=logs.append).run()
+        assert "[direct | toy | 200] 4 done, 0 to run" in logs
+
+
+def test_the_lock_is_released_when_a_run_ends_or_fails(tmp_path):
+    import fcntl
+
+    cfg = _config(tmp_path)
+    with pytest.raises(Killed):
+        EvalRunner(cfg, backend=ScriptedBackend(responder=lambda r: (_ for _ in ()).throw(Killed()))).run()
+    with open(tmp_path / "run" / ".lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free again after the failed run
+        fcntl.flock(f, fcntl.LOCK_UN)
+    EvalRunner(cfg, backend=ScriptedBackend(responder=responder)).run()
+    with open(tmp_path / "run" / ".lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # and after a finished one
+
+
 def test_malformed_middle_row_is_named_on_resume(tmp_path):
     from memagent.errors import DataError
 

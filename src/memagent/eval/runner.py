@@ -11,6 +11,7 @@ Run folder layout::
                          sample finishes
     data/                the samples of every (task, length) cell, built once and reused on resume
     traces/              memory-agent turn traces per (method, task, length)
+    .lock                locked (``flock``) by the process running into the folder, released when it ends
 
 Guarantees:
 
@@ -22,6 +23,8 @@ Guarantees:
   method configuration (a different ``method_hash``) make the runner stop instead of mixing results.
 - Every selected cell's data is built or read before the first model call, so a bad length or file stops the
   run at once instead of hours in.
+- One writer at a time: a second ``memagent eval`` into a folder that a running one holds is refused at once
+  (:func:`run_lock`), so two processes never write the same rows and trace turns twice.
 - Cells are independent: a sample's data depends only on (data seed, task, length, sample id), and sampling
   seeds only on (seed, sample id, turn), not on which cells ran before.
 
@@ -33,13 +36,15 @@ into the question (reference doc section 1.7).
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
 import subprocess
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -108,6 +113,39 @@ class ResultWriter:
 
     def close(self) -> None:
         self._f.close()
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: str | os.PathLike, log: Log | None = None) -> Iterator[None]:
+    """Hold an exclusive lock on a run folder (``fcntl.flock`` on ``RUN/.lock``) for the ``with`` block, so that
+    two ``memagent eval`` processes never append to one folder at once. The kernel releases the lock when the
+    process ends, however it ends, so a killed run never leaves the folder locked; the ``.lock`` file itself
+    stays. A no-op where ``fcntl`` does not exist (not POSIX), and, with a warning to ``log``, on a file
+    system that refuses locks.
+
+    Raises:
+        ConfigError: another process holds the lock (naming the folder).
+    """
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        yield
+        return
+    path = Path(run_dir) / ".lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f = open(path, "a+b")
+    try:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise ConfigError(f"run folder {str(run_dir)!r} is locked: another memagent eval is writing to it "
+                                  f"({path}); wait for it to finish, or use another --output folder") from None
+            (log or (lambda _msg: None))(f"warning: cannot lock run folder {str(run_dir)!r} ({e.strerror or e}); "
+                                         "running without a lock")
+        yield
+    finally:
+        f.close()  # closing the only descriptor releases the lock
 
 
 def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
@@ -329,7 +367,8 @@ class EvalRunner:
 
         Raises:
             ConfigError: the run folder holds rows of a differently configured method of the same name, or
-                ``only`` names a task or length not in the grid, or ``only_methods`` a method not in it.
+                ``only`` names a task or length not in the grid, or ``only_methods`` a method not in it, or
+                another process is running into the same folder (see :func:`run_lock`).
             DataError: a cell's data cannot be built or read (raised before any cell runs).
         """
         if self.run_dir.exists() and not self.run_dir.is_dir():
@@ -341,6 +380,10 @@ class EvalRunner:
             if unknown or not only_methods:
                 what = f"{', '.join(map(repr, unknown))} is not a method of the grid" if unknown else "name at least one method"
                 raise ConfigError(f"--only-methods: {what} (the grid's methods, by name: {', '.join(names)})")
+        with run_lock(self.run_dir, self.log):  # before anything in the folder is read or repaired
+            return self._run_locked(selected, only_methods)
+
+    def _run_locked(self, selected: set[tuple[str, int]] | None, only_methods: Sequence[str] | None) -> Path:
         writer = ResultWriter(self.run_dir / "results.jsonl")
         try:
             for m in self.config.methods:
