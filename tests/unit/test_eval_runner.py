@@ -130,6 +130,81 @@ def test_resume_after_kill_gives_same_summary(tmp_path):
     assert len(done_before) == len(partial)
 
 
+def _check_trace(run, rows, length=100):
+    """Every memagent row of the cell has its turns in the trace exactly once, numbered 0..turns-1, and every
+    line of the trace is a whole turn of a sample that has a row."""
+    text = (run / "traces" / "memagent" / f"toy_{length}.jsonl").read_text()
+    assert text.endswith("\n")
+    turns = [json.loads(x) for x in text.splitlines()]
+    cell = {r["sample_id"]: r for r in rows if r["method"] == "memagent" and r["length"] == length}
+    assert len(cell) == 4 and len(turns) == sum(r["turns"] for r in cell.values())
+    for sid, r in cell.items():
+        assert [t["turn"] for t in turns if t["sample_id"] == sid] == list(range(r["turns"]))
+    return turns
+
+
+def test_resume_drops_trace_turns_of_a_sample_killed_before_its_row(tmp_path, monkeypatch):
+    cfg = _config(tmp_path)
+    real = ResultWriter.write
+
+    def dying(self, row):  # the kill lands after s2's turns are written, before its row
+        if (row["method"], row["length"], row["sample_id"]) == ("memagent", 100, "s2"):
+            raise Killed()
+        real(self, row)
+
+    monkeypatch.setattr(ResultWriter, "write", dying)
+    with pytest.raises(Killed):
+        EvalRunner(cfg, backend=ScriptedBackend(responder=responder)).run()
+    trace = tmp_path / "run" / "traces" / "memagent" / "toy_100.jsonl"
+    before = [json.loads(x)["sample_id"] for x in trace.read_text().splitlines()]
+    assert "s2" in before and "s2" not in {json.loads(x)["sample_id"] for x in (tmp_path / "run" / "results.jsonl").read_text().splitlines()}
+    monkeypatch.setattr(ResultWriter, "write", real)
+    rows = read_results(EvalRunner(cfg, backend=ScriptedBackend(responder=responder)).run())
+    assert len(rows) == 16
+    _check_trace(tmp_path / "run", rows)
+    _check_trace(tmp_path / "run", rows, 200)
+
+
+def test_resume_drops_a_trace_line_torn_by_a_kill(tmp_path, monkeypatch):
+    import memagent.agent.loop as loop
+
+    cfg = _config(tmp_path)
+    real = loop.write_trace
+
+    def torn(path, trajs, append=False):  # killed in the middle of s1's second turn
+        if trajs[0].sample_id == "s1":
+            first, second = (json.dumps(r) for r in loop.trace_rows(trajs[0])[:2])
+            with open(path, "a") as f:
+                f.write(first + "\n" + second[: len(second) // 2])
+            raise Killed()
+        real(path, trajs, append)
+
+    monkeypatch.setattr(loop, "write_trace", torn)
+    with pytest.raises(Killed):
+        EvalRunner(cfg, backend=ScriptedBackend(responder=responder)).run()
+    trace = tmp_path / "run" / "traces" / "memagent" / "toy_100.jsonl"
+    assert not trace.read_text().endswith("\n")
+    monkeypatch.setattr(loop, "write_trace", real)
+    rows = read_results(EvalRunner(cfg, backend=ScriptedBackend(responder=responder)).run())
+    assert len(rows) == 16
+    _check_trace(tmp_path / "run", rows)
+
+
+def test_retry_errors_replaces_the_failed_attempts_trace_turns(tmp_path):
+    cfg = _config(tmp_path)
+    failing = ScriptedBackend(responder=responder, fail=lambda r: r.request_id == "s1/final")
+    rows = read_results(EvalRunner(cfg, backend=failing).run())
+    failed = next(r for r in rows if (r["method"], r["length"], r["sample_id"]) == ("memagent", 100, "s1"))
+    assert failed["status"] == "error" and failed["turns"] > 1
+    turns = _check_trace(tmp_path / "run", rows)
+    assert [t["finish_reason"] for t in turns if t["sample_id"] == "s1"][-1] == "error"
+    rows = read_results(EvalRunner(cfg, backend=ScriptedBackend(responder=responder), retry_errors=True).run())
+    assert len(rows) == 16 and all(r["status"] == "ok" for r in rows)  # the retry's rows supersede the errors
+    turns = _check_trace(tmp_path / "run", rows)
+    assert all(t["finish_reason"] != "error" for t in turns)
+    _check_trace(tmp_path / "run", rows, 200)
+
+
 def test_retry_errors_supersedes_error_rows(tmp_path):
     cfg = _config(tmp_path)
     EvalRunner(cfg, backend=ScriptedBackend(responder=responder, fail=lambda r: r.request_id.startswith("s1/"))).run()

@@ -20,7 +20,9 @@ Guarantees:
   samples and retries them later; reference doc section 6 item 11).
 - Resume: rows already in ``results.jsonl`` are skipped by key, so a killed run continues where it stopped and
   never counts a sample twice; a torn last line (killed mid-write) is cut off. Rows written under a different
-  method configuration (a different ``method_hash``) make the runner stop instead of mixing results.
+  method configuration (a different ``method_hash``) make the runner stop instead of mixing results. Before a
+  cell's trace file is appended to, the turns of samples without a row (killed between turns and row) or run
+  again (``--retry-errors``) and a torn line are dropped, so each sample's turns appear once, those of its row.
 - Every selected cell's data is built or read before the first model call, so a bad length or file stops the
   run at once instead of hours in.
 - One writer at a time: a second ``memagent eval`` into a folder that a running one holds is refused at once
@@ -552,11 +554,21 @@ class EvalRunner:
             self._run_direct(writer, method, samples, base, metrics)
 
     def _run_agent(self, writer, method: MethodConfig, samples, base, metrics, cell: str) -> None:
-        from memagent.agent.loop import write_trace
+        from memagent.agent.loop import prune_trace, write_trace
 
         agent = self._make_agent(method)
         trace_rel = f"traces/{method.name}/{cell}.jsonl"
         (self.run_dir / trace_rel).parent.mkdir(parents=True, exist_ok=True)
+        # resume: keep only the turns of samples that have a row and are not run again now (a kill between a
+        # sample's turns and its row, or an error row retried, leaves turns of an attempt that no row records),
+        # and drop a line torn by a kill, so that each sample's turns appear once
+        rerun = {s.id for s in samples}
+        keep = {k[3] for k in writer.done if k[:3] == (base["method"], base["task"], base["length"])} - rerun
+        try:
+            prune_trace(self.run_dir / trace_rel, keep)
+        except OSError as e:
+            raise DataError(f"cannot rewrite the trace file {self.run_dir / trace_rel} before resuming "
+                            f"({e.strerror or e})") from None
         runnable = []
         for s in samples:  # a question too long for the window is one bad sample, not a crashed run
             try:
