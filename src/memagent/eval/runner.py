@@ -312,8 +312,10 @@ class EvalRunner:
         for name in self._earlier_methods(writer, old):  # methods of earlier runs that have rows here
             if name in old_methods:
                 config["methods"].append(old_methods[name])
-            rows_hash = sorted(writer.hashes[name])[0] if writer is not None else None
-            method_hashes[name] = (old.get("method_hashes") or {}).get(name) or rows_hash
+            recorded = (old.get("method_hashes") or {}).get(name)  # else the rows' own (a manifest that lost it)
+            found = recorded or (min((h for h in writer.hashes[name] if h), default=None) if writer is not None else None)
+            if found:
+                method_hashes[name] = found
             if name in (old.get("prompt_hashes") or {}):
                 prompt_hashes[name] = old["prompt_hashes"][name]
         manifest = {
