@@ -238,17 +238,14 @@ def _resume_predictions(path: Path, settings: dict) -> set[str]:
 def _resume_trace(path: Path | None, done: set[str]) -> None:
     """Before ``--resume`` appends to the ``--trace`` file: keep only the turns of samples that are not run
     again (``done``), so a retried sample's failed attempt leaves no turns behind."""
-    if path is None or not path.exists():
+    from memagent.agent.loop import prune_trace
+
+    if path is None:
         return
-    keep = []
-    for line in path.read_bytes().split(b"\n"):
-        try:
-            row = json.loads(line)
-        except ValueError:  # blank, or torn by a kill
-            continue
-        if isinstance(row, dict) and str(row.get("sample_id")) in done:
-            keep.append(line + b"\n")
-    _replace(path, keep, "--trace")
+    try:
+        prune_trace(path, done)  # also drops a line torn by a kill
+    except OSError as e:
+        raise MemagentError(f"cannot write --trace {path}: {e.strerror}") from None
 
 
 def _replace(path: Path, lines: list[bytes], flag: str) -> None:

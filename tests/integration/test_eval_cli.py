@@ -34,6 +34,27 @@ def test_eval_flags_then_resume_then_report(tmp_path):
     assert "niah_single_1" in (tmp_path / "rep" / "summary.md").read_text()
 
 
+def test_eval_with_fewer_methods_keeps_the_others_in_manifest_and_report(tmp_path):
+    out = tmp_path / "run"
+    base = ["eval", "--tasks", "niah_single_1", "--backend", "scripted", "--chunk-tokens", "1000", "--memory-tokens", "128",
+            "--final-tokens", "64", "--max-new-tokens", "64", "--max-input-tokens", "1500", "-o", str(out)]
+    r = CliRunner().invoke(_app(), base + ["--lengths", "1K,2K", "--methods", "memagent,direct", "-n", "3"])
+    assert r.exit_code == 0, r.output
+    first = json.loads((out / "manifest.json").read_text())
+    r = CliRunner().invoke(_app(), base + ["--lengths", "1K", "--methods", "memagent", "-n", "5"])
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 * 2 * 3 + 2 and sum(x["method"] == "direct" for x in rows) == 6
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["method_hashes"] == first["method_hashes"] and set(m["method_hashes"]) == {"memagent", "direct"}
+    assert m["prompt_hashes"] == first["prompt_hashes"] and set(m["prompt_hashes"]) == {"memagent", "direct"}
+    assert [x["name"] for x in m["config"]["methods"]] == ["memagent", "direct"]
+    summary = (out / "summary.md").read_text()
+    (head,) = [x for x in summary.splitlines() if x.startswith("| length |")]
+    assert sorted(head.strip("| ").split(" | ")[1:]) == ["direct", "memagent"]
+    assert f"prompt hashes {first['prompt_hashes']}" in summary
+
+
 def test_eval_config_file_and_errors(tmp_path):
     cfg = tmp_path / "grid.yaml"
     cfg.write_text("methods: [{name: m, chunk_tokens: 500}]\ntasks: [{name: vt, lengths: [2048], samples: 2}]\n"

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from memagent.agent.loop import AgentConfig, MemoryAgent, trace_rows, write_trace
+from memagent.agent.loop import AgentConfig, MemoryAgent, prune_trace, trace_rows, write_trace
 from memagent.agent.prompts import DEFAULT_TEMPLATES
 from memagent.backends.scripted import ScriptedBackend
 from memagent.errors import BackendError, ConfigError
@@ -256,3 +256,17 @@ def test_api_misuse_gets_a_clear_error():
         agent.run([{"id": "a", "question": "q", "context": "c"}])
     with pytest.raises(ConfigError, match="sample 0: question and document must be strings, got str and NoneType"):
         agent.answer("Q?", None)
+
+
+def test_prune_trace_keeps_whole_turns_of_kept_samples_only(tmp_path):
+    p = tmp_path / "trace.jsonl"
+    turn = lambda sid, i: json.dumps({"sample_id": sid, "turn": i})  # noqa: E731
+    p.write_text("\n".join([turn("a", 0), turn("b", 0), "", turn("a", 1), "[1]", turn(7, 0)]) + "\n" + turn("c", 0)[:9])
+    assert prune_trace(p, {"a", "7"}) == 4  # b (run again), the blank line, a non-object, the torn line
+    assert p.read_text() == "\n".join([turn("a", 0), turn("a", 1), turn(7, 0)]) + "\n"
+    before = p.stat().st_ino
+    assert prune_trace(p, {"a", "7"}) == 0 and p.stat().st_ino == before  # nothing to drop: not rewritten
+    p.write_text(turn("a", 0) + "\n" + turn("a", 1))  # whole, but its newline cut off: kept, terminated
+    assert prune_trace(p, {"a"}) == 0 and p.read_text() == turn("a", 0) + "\n" + turn("a", 1) + "\n"
+    assert prune_trace(tmp_path / "none.jsonl", {"a"}) == 0 and not (tmp_path / "none.jsonl").exists()
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["trace.jsonl"]  # no temporary file left

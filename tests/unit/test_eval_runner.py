@@ -130,6 +130,81 @@ def test_resume_after_kill_gives_same_summary(tmp_path):
     assert len(done_before) == len(partial)
 
 
+def _check_trace(run, rows, length=100):
+    """Every memagent row of the cell has its turns in the trace exactly once, numbered 0..turns-1, and every
+    line of the trace is a whole turn of a sample that has a row."""
+    text = (run / "traces" / "memagent" / f"toy_{length}.jsonl").read_text()
+    assert text.endswith("\n")
+    turns = [json.loads(x) for x in text.splitlines()]
+    cell = {r["sample_id"]: r for r in rows if r["method"] == "memagent" and r["length"] == length}
+    assert len(cell) == 4 and len(turns) == sum(r["turns"] for r in cell.values())
+    for sid, r in cell.items():
+        assert [t["turn"] for t in turns if t["sample_id"] == sid] == list(range(r["turns"]))
+    return turns
+
+
+def test_resume_drops_trace_turns_of_a_sample_killed_before_its_row(tmp_path, monkeypatch):
+    cfg = _config(tmp_path)
+    real = ResultWriter.write
+
+    def dying(self, row):  # the kill lands after s2's turns are written, before its row
+        if (row["method"], row["length"], row["sample_id"]) == ("memagent", 100, "s2"):
+            raise Killed()
+        real(self, row)
+
+    monkeypatch.setattr(ResultWriter, "write", dying)
+    with pytest.raises(Killed):
+        EvalRunner(cfg, backend=ScriptedBackend(responder=responder)).run()
+    trace = tmp_path / "run" / "traces" / "memagent" / "toy_100.jsonl"
+    before = [json.loads(x)["sample_id"] for x in trace.read_text().splitlines()]
+    assert "s2" in before and "s2" not in {json.loads(x)["sample_id"] for x in (tmp_path / "run" / "results.jsonl").read_text().splitlines()}
+    monkeypatch.setattr(ResultWriter, "write", real)
+    rows = read_results(EvalRunner(cfg, backend=ScriptedBackend(responder=responder)).run())
+    assert len(rows) == 16
+    _check_trace(tmp_path / "run", rows)
+    _check_trace(tmp_path / "run", rows, 200)
+
+
+def test_resume_drops_a_trace_line_torn_by_a_kill(tmp_path, monkeypatch):
+    import memagent.agent.loop as loop
+
+    cfg = _config(tmp_path)
+    real = loop.write_trace
+
+    def torn(path, trajs, append=False):  # killed in the middle of s1's second turn
+        if trajs[0].sample_id == "s1":
+            first, second = (json.dumps(r) for r in loop.trace_rows(trajs[0])[:2])
+            with open(path, "a") as f:
+                f.write(first + "\n" + second[: len(second) // 2])
+            raise Killed()
+        real(path, trajs, append)
+
+    monkeypatch.setattr(loop, "write_trace", torn)
+    with pytest.raises(Killed):
+        EvalRunner(cfg, backend=ScriptedBackend(responder=responder)).run()
+    trace = tmp_path / "run" / "traces" / "memagent" / "toy_100.jsonl"
+    assert not trace.read_text().endswith("\n")
+    monkeypatch.setattr(loop, "write_trace", real)
+    rows = read_results(EvalRunner(cfg, backend=ScriptedBackend(responder=responder)).run())
+    assert len(rows) == 16
+    _check_trace(tmp_path / "run", rows)
+
+
+def test_retry_errors_replaces_the_failed_attempts_trace_turns(tmp_path):
+    cfg = _config(tmp_path)
+    failing = ScriptedBackend(responder=responder, fail=lambda r: r.request_id == "s1/final")
+    rows = read_results(EvalRunner(cfg, backend=failing).run())
+    failed = next(r for r in rows if (r["method"], r["length"], r["sample_id"]) == ("memagent", 100, "s1"))
+    assert failed["status"] == "error" and failed["turns"] > 1
+    turns = _check_trace(tmp_path / "run", rows)
+    assert [t["finish_reason"] for t in turns if t["sample_id"] == "s1"][-1] == "error"
+    rows = read_results(EvalRunner(cfg, backend=ScriptedBackend(responder=responder), retry_errors=True).run())
+    assert len(rows) == 16 and all(r["status"] == "ok" for r in rows)  # the retry's rows supersede the errors
+    turns = _check_trace(tmp_path / "run", rows)
+    assert all(t["finish_reason"] != "error" for t in turns)
+    _check_trace(tmp_path / "run", rows, 200)
+
+
 def test_retry_errors_supersedes_error_rows(tmp_path):
     cfg = _config(tmp_path)
     EvalRunner(cfg, backend=ScriptedBackend(responder=responder, fail=lambda r: r.request_id.startswith("s1/"))).run()
@@ -301,6 +376,91 @@ def test_only_methods_runs_one_method_first_and_matches_one_run(tmp_path):
         EvalRunner(cfg, backend=ScriptedBackend(responder=responder)).run(only_methods=["agent"])
     with pytest.raises(ConfigError, match="--only-methods: name at least one method"):
         EvalRunner(cfg, backend=ScriptedBackend(responder=responder)).run(only_methods=[])
+
+
+def test_manifest_keeps_methods_that_have_rows(tmp_path):
+    from memagent.eval.report import write_report
+
+    both = _config(tmp_path)
+    EvalRunner(both, backend=ScriptedBackend(responder=responder)).run()
+    first = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert set(first["method_hashes"]) == {"memagent", "direct"}
+    agent_only = _config(tmp_path, methods=[both.to_dict()["methods"][0]],
+                         tasks=[dict(both.to_dict()["tasks"][0], lengths=[100], samples=4)])
+    rows = read_results(EvalRunner(agent_only, backend=ScriptedBackend(responder=responder)).run())
+    assert len(rows) == 16 and sum(r["method"] == "direct" for r in rows) == 8
+    m = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert m["method_hashes"] == first["method_hashes"] and m["prompt_hashes"] == first["prompt_hashes"]
+    assert [x["name"] for x in m["config"]["methods"]] == ["memagent", "direct"]
+    assert m["config"]["methods"][1] == first["config"]["methods"][1] and len(m["resumed_at"]) == 1
+    summary = write_report([tmp_path / "run"], plot=False)[1].read_text()
+    assert f"'direct': '{first['prompt_hashes']['direct']}'" in summary
+    assert f"'memagent': '{first['prompt_hashes']['memagent']}'" in summary
+
+    # a method listed in the manifest but without rows is dropped; one with rows that an older manifest lost
+    # gets its rows' method hash back
+    m["method_hashes"].pop("direct")
+    m["prompt_hashes"].pop("direct")
+    m["config"]["methods"] = m["config"]["methods"][:1] + [dict(m["config"]["methods"][1], name="gone")]
+    m["method_hashes"]["gone"] = "0" * 12
+    (tmp_path / "run" / "manifest.json").write_text(json.dumps(m))
+    EvalRunner(agent_only, backend=ScriptedBackend(responder=responder)).run()
+    m = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert m["method_hashes"] == first["method_hashes"] and set(m["prompt_hashes"]) == {"memagent"}
+    assert [x["name"] for x in m["config"]["methods"]] == ["memagent"]
+
+
+def test_a_second_process_cannot_run_into_a_locked_folder(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    cfg = _config(tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.jsonl").write_text('{"method": "direct", "ta')  # a torn row the locked-out run must not cut
+    holder = subprocess.Popen(  # another `memagent eval`, mid-run: holds the folder's lock until it dies
+        [sys.executable, "-c", "import fcntl, sys; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); "
+         "print('locked', flush=True); sys.stdin.read()", str(run / ".lock")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        backend = ScriptedBackend(responder=responder)
+        with pytest.raises(ConfigError, match=f"run folder '{run}' is locked: another memagent eval is writing to it"):
+            EvalRunner(cfg, backend=backend).run()
+        assert not backend.calls and sorted(p.name for p in run.iterdir()) == [".lock", "results.jsonl"]
+        assert (run / "results.jsonl").read_text() == '{"method": "direct", "ta'
+    finally:
+        holder.kill()  # a killed holder releases the lock
+        holder.wait()
+        holder.stdout.close()
+        holder.stdin.close()
+    rows = read_results(EvalRunner(cfg, backend=ScriptedBackend(responder=responder)).run())
+    assert len(rows) == 16 and len((run / "results.jsonl").read_text().splitlines()) == 16
+
+    import fcntl
+
+    with open(run / ".lock", "a") as f:  # held in this process, through another open file: refused too ...
+        fcntl.flock(f, fcntl.LOCK_EX)
+        with pytest.raises(ConfigError, match="is locked"):
+            EvalRunner(cfg, backend=ScriptedBackend(responder=responder)).run()
+        monkeypatch.setitem(sys.modules, "fcntl", None)  # ... but without fcntl (not POSIX) there is no lock
+        logs = []
+        EvalRunner(cfg, backend=ScriptedBackend(responder=responder), log=logs.append).run()
+        assert "[direct | toy | 200] 4 done, 0 to run" in logs
+
+
+def test_the_lock_is_released_when_a_run_ends_or_fails(tmp_path):
+    import fcntl
+
+    cfg = _config(tmp_path)
+    with pytest.raises(Killed):
+        EvalRunner(cfg, backend=ScriptedBackend(responder=lambda r: (_ for _ in ()).throw(Killed()))).run()
+    with open(tmp_path / "run" / ".lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free again after the failed run
+        fcntl.flock(f, fcntl.LOCK_UN)
+    EvalRunner(cfg, backend=ScriptedBackend(responder=responder)).run()
+    with open(tmp_path / "run" / ".lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # and after a finished one
 
 
 def test_malformed_middle_row_is_named_on_resume(tmp_path):

@@ -414,6 +414,44 @@ def trace_rows(trajectory: Trajectory) -> list[dict]:
     return [{"sample_id": trajectory.sample_id, "turn": i, **t.to_dict()} for i, t in enumerate(trajectory.turns)]
 
 
+def prune_trace(path: str | os.PathLike, keep: typing.Collection[str]) -> int:
+    """Before a resumed run appends to a trace file: keep only the turns of the samples in ``keep`` (the ones
+    that are not run again), dropping blank lines and lines that are not a JSON object (a line torn by a kill),
+    so each sample ends with the turns of exactly one attempt and the next append starts on a line of its own.
+    The file is rewritten through a temporary file and replaced at once, and only when something changes.
+
+    Returns:
+        the number of lines dropped (0 also when the file does not exist).
+
+    Raises:
+        OSError: the file cannot be read or replaced.
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        return 0
+    tmp = path + ".tmp"
+    dropped, changed = 0, False
+    try:
+        with open(path, "rb") as src, open(tmp, "wb") as dst:
+            for line in src:
+                try:
+                    row = json.loads(line)
+                except ValueError:  # blank, or torn by a kill
+                    row = None
+                if isinstance(row, dict) and str(row.get("sample_id")) in keep:
+                    if not line.endswith(b"\n"):  # a whole turn whose newline the kill cut off
+                        line, changed = line + b"\n", True
+                    dst.write(line)
+                else:
+                    dropped += 1
+        if dropped or changed:
+            os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return dropped
+
+
 def write_trace(path: str | os.PathLike, trajectories: Sequence[Trajectory], append: bool = False) -> None:
     """Write the per-turn trace of every trajectory as JSONL (see :func:`trace_rows`)."""
     with open(path, "a" if append else "w", encoding="utf-8") as f:

@@ -4,11 +4,14 @@ Run folder layout::
 
     manifest.json        provenance: config, per-method hash, prompt hashes, backend/model, tokenizer, seeds,
                          package version, git commit; ``task_settings`` keeps the data settings of every
-                         task that has rows or data here, also those a later config leaves out
+                         task that has rows or data here, and ``config.methods``, ``method_hashes`` and
+                         ``prompt_hashes`` the entries of every method that has rows here, also those a
+                         later config leaves out
     results.jsonl        one row per (method, task, length, sample id), appended and fsync'ed as each
                          sample finishes
     data/                the samples of every (task, length) cell, built once and reused on resume
     traces/              memory-agent turn traces per (method, task, length)
+    .lock                locked (``flock``) by the process running into the folder, released when it ends
 
 Guarantees:
 
@@ -17,9 +20,13 @@ Guarantees:
   samples and retries them later; reference doc section 6 item 11).
 - Resume: rows already in ``results.jsonl`` are skipped by key, so a killed run continues where it stopped and
   never counts a sample twice; a torn last line (killed mid-write) is cut off. Rows written under a different
-  method configuration (a different ``method_hash``) make the runner stop instead of mixing results.
+  method configuration (a different ``method_hash``) make the runner stop instead of mixing results. Before a
+  cell's trace file is appended to, the turns of samples without a row (killed between turns and row) or run
+  again (``--retry-errors``) and a torn line are dropped, so each sample's turns appear once, those of its row.
 - Every selected cell's data is built or read before the first model call, so a bad length or file stops the
   run at once instead of hours in.
+- One writer at a time: a second ``memagent eval`` into a folder that a running one holds is refused at once
+  (:func:`run_lock`), so two processes never write the same rows and trace turns twice.
 - Cells are independent: a sample's data depends only on (data seed, task, length, sample id), and sampling
   seeds only on (seed, sample id, turn), not on which cells ran before.
 
@@ -31,13 +38,15 @@ into the question (reference doc section 1.7).
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
 import subprocess
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -106,6 +115,39 @@ class ResultWriter:
 
     def close(self) -> None:
         self._f.close()
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: str | os.PathLike, log: Log | None = None) -> Iterator[None]:
+    """Hold an exclusive lock on a run folder (``fcntl.flock`` on ``RUN/.lock``) for the ``with`` block, so that
+    two ``memagent eval`` processes never append to one folder at once. The kernel releases the lock when the
+    process ends, however it ends, so a killed run never leaves the folder locked; the ``.lock`` file itself
+    stays. A no-op where ``fcntl`` does not exist (not POSIX), and, with a warning to ``log``, on a file
+    system that refuses locks.
+
+    Raises:
+        ConfigError: another process holds the lock (naming the folder).
+    """
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        yield
+        return
+    path = Path(run_dir) / ".lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f = open(path, "a+b")
+    try:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise ConfigError(f"run folder {str(run_dir)!r} is locked: another memagent eval is writing to it "
+                                  f"({path}); wait for it to finish, or use another --output folder") from None
+            (log or (lambda _msg: None))(f"warning: cannot lock run folder {str(run_dir)!r} ({e.strerror or e}); "
+                                         "running without a lock")
+        yield
+    finally:
+        f.close()  # closing the only descriptor releases the lock
 
 
 def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
@@ -254,8 +296,9 @@ class EvalRunner:
         return {t["name"]: _task_settings(t) for t in (old.get("config") or {}).get("tasks", []) if isinstance(t, dict)}
 
     def write_manifest(self, writer: ResultWriter | None = None) -> None:
-        """Write ``manifest.json`` (keeping the first start time and the settings of tasks that have rows or data
-        but are not in this config)."""
+        """Write ``manifest.json``, keeping the first start time, the settings of tasks that have rows or data but
+        are not in this config, and the entries (``config.methods``, ``method_hashes``, ``prompt_hashes``) of
+        methods that have rows but are not in this config."""
         from memagent.agent.prompts import DEFAULT_TEMPLATES, PromptTemplates
 
         prompt_hashes = {}
@@ -264,10 +307,24 @@ class EvalRunner:
                 prompt_hashes[m.name] = direct_template_hash()
             else:
                 prompt_hashes[m.name] = (PromptTemplates.from_file(m.templates) if m.templates else DEFAULT_TEMPLATES).hash
+        path = self.run_dir / "manifest.json"
+        old = read_manifest(path)
+        config = self.config.to_dict()
+        method_hashes = {m.name: self.config.method_hash(m) for m in self.config.methods}
+        old_methods = {m["name"]: m for m in (old.get("config") or {}).get("methods", []) if isinstance(m, dict) and "name" in m}
+        for name in self._earlier_methods(writer, old):  # methods of earlier runs that have rows here
+            if name in old_methods:
+                config["methods"].append(old_methods[name])
+            recorded = (old.get("method_hashes") or {}).get(name)  # else the rows' own (a manifest that lost it)
+            found = recorded or (min((h for h in writer.hashes[name] if h), default=None) if writer is not None else None)
+            if found:
+                method_hashes[name] = found
+            if name in (old.get("prompt_hashes") or {}):
+                prompt_hashes[name] = old["prompt_hashes"][name]
         manifest = {
             "name": self.config.name,
-            "config": self.config.to_dict(),
-            "method_hashes": {m.name: self.config.method_hash(m) for m in self.config.methods},
+            "config": config,
+            "method_hashes": method_hashes,
             "prompt_hashes": prompt_hashes,
             "backend": self.backend.name,
             "context_tokens": self.backend.context_tokens,
@@ -280,12 +337,19 @@ class EvalRunner:
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        path = self.run_dir / "manifest.json"
         if path.exists():  # a resumed run keeps its first start time and lists every resume
-            old = read_manifest(path)
             manifest["resumed_at"] = old.get("resumed_at", []) + [manifest["started_at"]]
             manifest["started_at"] = old.get("started_at", manifest["started_at"])
         path.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+    def _earlier_methods(self, writer: ResultWriter | None, old: dict[str, Any]) -> list[str]:
+        """Methods that have rows in the folder but are not in this config (their manifest entries are kept):
+        in the old manifest's order, then any it does not list (an older manifest that lost them)."""
+        with_rows = set(writer.hashes) if writer is not None else set()
+        names = {m.name for m in self.config.methods}
+        listed = [m.get("name") for m in (old.get("config") or {}).get("methods", []) if isinstance(m, dict)]
+        order = list(dict.fromkeys([*listed, *(old.get("method_hashes") or {}), *sorted(with_rows)]))
+        return [n for n in order if n in with_rows and n not in names]
 
     def _merged_task_settings(self, writer: ResultWriter | None) -> dict[str, dict[str, Any]]:
         started = self._started_tasks(writer)
@@ -310,7 +374,8 @@ class EvalRunner:
 
         Raises:
             ConfigError: the run folder holds rows of a differently configured method of the same name, or
-                ``only`` names a task or length not in the grid, or ``only_methods`` a method not in it.
+                ``only`` names a task or length not in the grid, or ``only_methods`` a method not in it, or
+                another process is running into the same folder (see :func:`run_lock`).
             DataError: a cell's data cannot be built or read (raised before any cell runs).
         """
         if self.run_dir.exists() and not self.run_dir.is_dir():
@@ -322,6 +387,10 @@ class EvalRunner:
             if unknown or not only_methods:
                 what = f"{', '.join(map(repr, unknown))} is not a method of the grid" if unknown else "name at least one method"
                 raise ConfigError(f"--only-methods: {what} (the grid's methods, by name: {', '.join(names)})")
+        with run_lock(self.run_dir, self.log):  # before anything in the folder is read or repaired
+            return self._run_locked(selected, only_methods)
+
+    def _run_locked(self, selected: set[tuple[str, int]] | None, only_methods: Sequence[str] | None) -> Path:
         writer = ResultWriter(self.run_dir / "results.jsonl")
         try:
             for m in self.config.methods:
@@ -490,11 +559,21 @@ class EvalRunner:
             self._run_direct(writer, method, samples, base, metrics)
 
     def _run_agent(self, writer, method: MethodConfig, samples, base, metrics, cell: str) -> None:
-        from memagent.agent.loop import write_trace
+        from memagent.agent.loop import prune_trace, write_trace
 
         agent = self._make_agent(method)
         trace_rel = f"traces/{method.name}/{cell}.jsonl"
         (self.run_dir / trace_rel).parent.mkdir(parents=True, exist_ok=True)
+        # resume: keep only the turns of samples that have a row and are not run again now (a kill between a
+        # sample's turns and its row, or an error row retried, leaves turns of an attempt that no row records),
+        # and drop a line torn by a kill, so that each sample's turns appear once
+        rerun = {s.id for s in samples}
+        keep = {k[3] for k in writer.done if k[:3] == (base["method"], base["task"], base["length"])} - rerun
+        try:
+            prune_trace(self.run_dir / trace_rel, keep)
+        except OSError as e:
+            raise DataError(f"cannot rewrite the trace file {self.run_dir / trace_rel} before resuming "
+                            f"({e.strerror or e})") from None
         runnable = []
         for s in samples:  # a question too long for the window is one bad sample, not a crashed run
             try:
