@@ -52,6 +52,10 @@ class FakeLLM:
     def apply_model(self, fn):
         return [fn(self.model)]
 
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        assert method == "reload_weights" and kwargs["is_checkpoint_format"]
+        self.model.load_weights(kwargs["weights_iterator"])
+
     def reset_prefix_cache(self):
         self.resets += 1
 

@@ -46,9 +46,9 @@ class FakeModel:
 class FakeLLM:
     """Returns ``script[k]`` = (token_ids, finish_reason, stop_reason) for the k-th prompt of each call."""
 
-    def __init__(self, script=None, fail=None):
-        self.script, self.fail = script or [], fail
-        self.calls, self.model, self.resets = [], FakeModel(), 0
+    def __init__(self, script=None, fail=None, reload=True):
+        self.script, self.fail, self.reload = script or [], fail, reload
+        self.calls, self.model, self.resets, self.reloads = [], FakeModel(), 0, []
 
     def generate(self, prompts, params, use_tqdm=True):
         self.calls.append((prompts, params))
@@ -59,6 +59,11 @@ class FakeLLM:
 
     def apply_model(self, fn):
         return [fn(self.model)]
+
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        if method != "reload_weights" or not self.reload:
+            raise NotImplementedError(f"Method {method!r} is not implemented.")
+        self.reloads.append(kwargs)
 
     def reset_prefix_cache(self):
         self.resets += 1
@@ -114,13 +119,12 @@ def test_completion_keeps_the_stop_token_and_decodes_without_it(fake_vllm, tiny,
     _, tok = tiny
     end = tok.convert_tokens_to_ids("<|im_end|>")
     hello = tok.encode("hello world", add_special_tokens=False)
-    llm = FakeLLM([(hello + [end], "stop", None), (hello, "stop", end), (hello, "length", None)])
+    llm = FakeLLM([(hello + [end], "stop", end), (hello, "length", None)])
     b = backend_with(tok, llm, model_dir)
-    with_stop, stop_left_out, cut = b.generate([req("a", "a", 32), req("b", "b", 32), req("c", "c", max_tokens=len(hello))])
+    with_stop, cut = b.generate([req("a", "a", 32), req("c", "c", max_tokens=len(hello))])
     assert with_stop.token_ids == tuple(hello + [end]) and with_stop.finish_reason == "stop"
     assert with_stop.text == "hello world"
-    assert stop_left_out.token_ids == tuple(hello + [end]) and stop_left_out.finish_reason == "stop"
-    assert cut.token_ids == tuple(hello) and cut.finish_reason == "length"
+    assert cut.token_ids == tuple(hello) and cut.finish_reason == "length" and cut.text == "hello world"
     assert with_stop.usage.completion_tokens == len(hello) + 1
     assert with_stop.usage.prompt_tokens == len(with_stop.prompt_token_ids) > 0
 
@@ -145,13 +149,36 @@ def test_engine_failure_becomes_error_completions(fake_vllm, tiny, model_dir):
     assert out[1].error == "x/1: RuntimeError: CUDA out of memory"
 
 
-def test_load_weights_reaches_the_model_and_clears_the_prefix_cache(fake_vllm, tiny, model_dir):
+def test_load_weights_reloads_in_place_and_clears_the_prefix_cache(fake_vllm, tiny, model_dir):
     _, tok = tiny
     llm = FakeLLM()
     b = backend_with(tok, llm, model_dir)
     b.load_weights(iter([("model.embed_tokens.weight", 1), ("lm_head.weight", 2)]))
-    assert llm.model.loaded == [[("model.embed_tokens.weight", 1), ("lm_head.weight", 2)]]
-    assert llm.resets == 1
+    assert llm.reloads == [{"weights_iterator": [("model.embed_tokens.weight", 1), ("lm_head.weight", 2)],
+                            "is_checkpoint_format": True}]
+    assert llm.model.loaded == [] and llm.resets == 1
+    old = FakeLLM(reload=False)  # a vLLM without reload_weights: the model's own load_weights
+    backend_with(tok, old, model_dir).load_weights([("model.norm.weight", 3)])
+    assert old.model.loaded == [[("model.norm.weight", 3)]] and old.resets == 1
+
+
+def test_weights_are_cast_to_the_engine_dtype(fake_vllm, tiny, model_dir):
+    torch = pytest.importorskip("torch")
+    _, tok = tiny
+    llm = FakeLLM()
+    llm.llm_engine = SimpleNamespace(model_executor=object(), model_config=SimpleNamespace(dtype=torch.bfloat16,
+                                                                                           max_model_len=512))
+    backend_with(tok, llm, model_dir).load_weights([("w", torch.ones(2, dtype=torch.float32, requires_grad=True))])
+    (pushed,) = llm.reloads[0]["weights_iterator"]
+    assert pushed[1].dtype == torch.bfloat16 and not pushed[1].requires_grad
+
+
+def test_pushing_into_an_engine_in_another_process_is_refused(fake_vllm, tiny, model_dir):
+    _, tok = tiny
+    llm = FakeLLM()
+    llm.llm_engine = SimpleNamespace()  # vLLM's multiprocess client: no model_executor
+    with pytest.raises(ConfigError, match="weight_sync=True"):
+        backend_with(tok, llm, model_dir).load_weights([("w", 1)])
 
 
 def test_missing_vllm_is_a_clear_error(monkeypatch, tiny, tmp_path):

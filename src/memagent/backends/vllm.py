@@ -98,13 +98,16 @@ class VLLMBackend(ChatTokens):
         if llm is None:
             vllm = _import_vllm()
             if weight_sync:  # the model must live in this process for load_weights to reach it
-                os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+                os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
             kwargs = dict(model=os.fspath(model), tokenizer=os.fspath(model), dtype=dtype, seed=seed,
                           gpu_memory_utilization=gpu_memory_utilization, generation_config="vllm")
             if context_tokens:
                 kwargs["max_model_len"] = context_tokens
             kwargs.update(engine_kwargs)
             llm = vllm.LLM(**kwargs)
+            if weight_sync and not _in_process(llm):
+                raise ConfigError("vllm started its engine in another process, so weights cannot be pushed into it; "
+                                  "set VLLM_ENABLE_V1_MULTIPROCESSING=0 before vllm is first imported")
         self.llm = llm
         self.seed = seed
         self.name = f"vllm:{name}"
@@ -154,27 +157,34 @@ class VLLMBackend(ChatTokens):
                 return [c for c in out if c is not None]
             seconds = (time.perf_counter() - t0) / len(todo)
             for (i, ids), res in zip(todo, results):
-                o = res.outputs[0]
-                row = list(o.token_ids)
-                if o.finish_reason == "stop" and not any(x in self.stop_ids for x in row):
-                    # stopped on a stop token the engine left out of token_ids: put it back, training learns it
-                    row.append(o.stop_reason if isinstance(o.stop_reason, int) else self.stop_ids[0])
-                out[i] = self._completion(requests[i], ids, row, seconds)
+                # vLLM keeps the stop token it stopped on at the end of token_ids, as training needs
+                out[i] = self._completion(requests[i], ids, list(res.outputs[0].token_ids), seconds)
         return [c for c in out if c is not None]
 
     # ------------------------------------------------------------------------------------------ weights
     def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
         """Copy new weights into the engine's model and drop its prefix cache (computed with the old ones).
 
+        Uses vLLM's in-place reload (``reload_weights`` on the worker), which also redoes the processing done
+        after loading (e.g. the CPU build repacks linear weights for oneDNN; a plain ``model.load_weights``
+        would leave those packed copies stale); engines without it get ``model.load_weights``.
+
         Args:
-            weights: ``(name, tensor)`` pairs named as in the HF model (``model.layers.0.self_attn.q_proj.weight``);
-                vLLM's model maps them onto its fused layers.
+            weights: every ``(name, tensor)`` of the model, named as in the HF model
+                (``model.layers.0.self_attn.q_proj.weight``); vLLM maps them onto its fused layers. Tensors
+                are cast to the engine's dtype here.
 
         Raises:
-            RuntimeError: the engine runs its model in another process (build with ``weight_sync=True``).
+            ConfigError: the engine runs its model in another process (build with ``weight_sync=True``).
         """
-        pairs = list(weights)
-        self.llm.apply_model(lambda m: m.load_weights(pairs))
+        if not _in_process(self.llm):
+            raise ConfigError("this vllm engine runs in another process; build the backend with weight_sync=True")
+        dtype = _engine_dtype(self.llm)
+        pairs = [(n, w.detach().to(dtype) if dtype is not None else w) for n, w in weights]
+        try:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": pairs, "is_checkpoint_format": True})
+        except NotImplementedError:  # a vLLM without in-place reload
+            self.llm.apply_model(lambda m: m.load_weights(pairs))
         self.llm.reset_prefix_cache()
 
     def close(self) -> None:
@@ -185,6 +195,19 @@ class VLLMBackend(ChatTokens):
             import gc
 
             gc.collect()
+
+
+def _in_process(llm: Any) -> bool:
+    """Whether the engine's model lives in this process (vLLM sets ``llm_engine.model_executor`` only then)."""
+    engine = getattr(llm, "llm_engine", None)
+    return engine is None or getattr(engine, "model_executor", None) is not None
+
+
+def _engine_dtype(llm: Any) -> Any:
+    try:
+        return llm.llm_engine.model_config.dtype
+    except Exception:  # noqa: BLE001 - an engine double
+        return None
 
 
 def _engine_window(llm: Any) -> int | None:
