@@ -194,3 +194,14 @@ def test_bad_settings_are_refused(tiny, model_dir):
         VLLMBackend(model_dir, tokenizer=tok, llm=FakeLLM(), gpu_memory_utilization=0)
     with pytest.raises(ConfigError, match="context window"):
         VLLMBackend(model_dir, tokenizer=tok, llm=FakeLLM(), context_tokens=0)
+
+
+def test_close_shuts_the_engine_down_once(fake_vllm, tiny, model_dir):
+    _, tok = tiny
+    llm = FakeLLM()
+    calls = []
+    llm.llm_engine = SimpleNamespace(model_executor=object(), engine_core=SimpleNamespace(shutdown=lambda: calls.append(1)))
+    b = backend_with(tok, llm, model_dir)
+    b.close()
+    b.close()
+    assert calls == [1] and b.llm is None

@@ -188,13 +188,18 @@ class VLLMBackend(ChatTokens):
         self.llm.reset_prefix_cache()
 
     def close(self) -> None:
-        """Release the engine (its accelerator memory)."""
-        llm, self.llm = self.llm, None
-        if llm is not None:
-            del llm
-            import gc
+        """Shut the engine down now (its memory, and the process groups vLLM set up), rather than in a
+        finalizer at interpreter exit, when process groups may already be gone. Safe to call twice."""
+        import gc
 
-            gc.collect()
+        llm, self.llm = self.llm, None
+        if llm is None:
+            return
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if callable(getattr(core, "shutdown", None)):
+            core.shutdown()
+        del llm
+        gc.collect()
 
 
 def _in_process(llm: Any) -> bool:

@@ -32,6 +32,7 @@ def train_command(
             else:
                 typer.echo(f"nothing to do: {cfg.run.output_dir} is at step {trainer.step} of run.total_steps="
                            f"{cfg.run.total_steps} (raise run.total_steps to train further)", err=True)
+        trainer.close()  # after the last collective: a vLLM engine tears down its process groups
         shutdown()
     except MemagentError as e:
         typer.secho(f"error: {e}", fg="red", err=True)

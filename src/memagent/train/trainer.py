@@ -354,6 +354,11 @@ class Trainer:
             with torch.no_grad():
                 self.backend.load_weights((n, p.detach()) for n, p in self.rollout_policy.named_parameters())
 
+    def close(self) -> None:
+        """Release the rollout engine (a vLLM engine's memory and process groups). Call it after the last
+        collective of the run: under torchrun vLLM's teardown also destroys the process groups it joined."""
+        self.backend.close()
+
     def _vllm_backend(self):
         """An in-process vLLM engine started from the policy's current weights (written once to
         ``output_dir/rollout_init``, which vLLM loads; later weights are pushed in memory)."""
