@@ -132,7 +132,7 @@ def test_only_without_cells_and_report_into_a_file_are_refused(tmp_path):
     assert r.exit_code == 2 and "is a file" in r.output
 
 
-def test_default_lengths_follow_the_task_and_bad_outputs_are_refused(tmp_path):
+def test_default_lengths_follow_the_task_and_bad_outputs_are_refused(tmp_path, data_root):
     from memagent.data.cli import app as data_app
 
     base = ["eval", "--tasks", "vt", "-n", "1", "--backend", "scripted", "--methods", "direct", "--no-report"]
@@ -148,7 +148,7 @@ def test_default_lengths_follow_the_task_and_bad_outputs_are_refused(tmp_path):
         r = CliRunner().invoke(data_app, args + ["-o", str(tmp_path / "afile")])
         assert r.exit_code == 2 and "is a file: give a folder" in r.output, r.output
     r = CliRunner().invoke(data_app, ["ruler", "--task", "niah_single_2", "--lengths", "100", "--tokenizer", "bytes",
-                                      "-o", str(tmp_path / "d")])
+                                      "-o", str(tmp_path / "d"), "--data-root", str(data_root)])
     assert r.exit_code == 2 and "leaves -28 tokens for the prompt" in r.output, r.output
 
 
