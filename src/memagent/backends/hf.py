@@ -161,6 +161,15 @@ class ChatTokens:
     def count_prompt_tokens(self, messages: Sequence[Message]) -> int | None:
         return len(self.prompt_ids(messages))
 
+    def prompt_or_error(self, request: Request, context_tokens: int | None) -> tuple[list[int], Completion | None]:
+        """``(prompt ids, None)``, or ``(ids or [], error completion)`` when the prompt cannot be rendered (a
+        template failure concerns this request only) or does not fit ``context_tokens``."""
+        try:
+            ids = self.prompt_ids(request.messages)
+        except Exception as e:  # noqa: BLE001
+            return [], Completion("", "error", error=f"{request.request_id}: {e}")
+        return ids, self.window_error(request, ids, context_tokens)
+
     def window_error(self, request: Request, prompt: list[int], context_tokens: int | None) -> Completion | None:
         """An error completion when prompt + ``max_tokens`` exceed the window, else ``None``."""
         if context_tokens and len(prompt) + request.max_tokens > context_tokens:
@@ -241,12 +250,7 @@ class HFBackend(ChatTokens):
         out: list[Completion | None] = [None] * len(requests)
         todo: dict[tuple[float, float], list[tuple[int, list[int]]]] = {}
         for i, r in enumerate(requests):
-            try:
-                ids = self.prompt_ids(r.messages)
-            except Exception as e:  # a template failure concerns this request only
-                out[i] = Completion("", "error", error=f"{r.request_id}: {e}")
-                continue
-            err = self.window_error(r, ids, self.context_tokens)
+            ids, err = self.prompt_or_error(r, self.context_tokens)
             if err is not None:
                 out[i] = err
                 continue

@@ -133,12 +133,7 @@ class VLLMBackend(ChatTokens):
         out: list[Completion | None] = [None] * len(requests)
         todo: list[tuple[int, list[int]]] = []
         for i, r in enumerate(requests):
-            try:
-                ids = self.prompt_ids(r.messages)
-            except Exception as e:  # noqa: BLE001 - a template failure concerns this request only
-                out[i] = Completion("", "error", error=f"{r.request_id}: {e}")
-                continue
-            err = self.window_error(r, ids, self.context_tokens)
+            ids, err = self.prompt_or_error(r, self.context_tokens)
             if err is not None:
                 out[i] = err
                 continue
