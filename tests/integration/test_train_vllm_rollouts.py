@@ -49,9 +49,6 @@ class FakeLLM:
                                                           finish_reason="stop", stop_reason=None)])
                 for k in range(len(prompts))]
 
-    def apply_model(self, fn):
-        return [fn(self.model)]
-
     def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
         assert method == "reload_weights" and kwargs["is_checkpoint_format"]
         self.model.load_weights(kwargs["weights_iterator"])

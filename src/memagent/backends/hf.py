@@ -163,22 +163,18 @@ class ChatTokens:
 
     def prompt_or_error(self, request: Request, context_tokens: int | None) -> tuple[list[int], Completion | None]:
         """``(prompt ids, None)``, or ``(ids or [], error completion)`` when the prompt cannot be rendered (a
-        template failure concerns this request only) or does not fit ``context_tokens``."""
+        template failure concerns this request only) or prompt + ``max_tokens`` exceed ``context_tokens``."""
         try:
             ids = self.prompt_ids(request.messages)
         except Exception as e:  # noqa: BLE001
             return [], Completion("", "error", error=f"{request.request_id}: {e}")
-        return ids, self.window_error(request, ids, context_tokens)
-
-    def window_error(self, request: Request, prompt: list[int], context_tokens: int | None) -> Completion | None:
-        """An error completion when prompt + ``max_tokens`` exceed the window, else ``None``."""
-        if context_tokens and len(prompt) + request.max_tokens > context_tokens:
-            return Completion(
-                "", "error", usage=Usage(len(prompt), 0),
-                error=f"{request.request_id}: prompt {len(prompt)} + max_tokens {request.max_tokens} tokens exceed "
+        if context_tokens and len(ids) + request.max_tokens > context_tokens:
+            return ids, Completion(
+                "", "error", usage=Usage(len(ids), 0),
+                error=f"{request.request_id}: prompt {len(ids)} + max_tokens {request.max_tokens} tokens exceed "
                 f"the context window of {context_tokens} tokens",
             )
-        return None
+        return ids, None
 
     def _completion(self, request: Request, prompt: list[int], row: list[int], seconds: float) -> Completion:
         stops = set(self.stop_ids)
