@@ -308,3 +308,52 @@ def get_verifier(name: str) -> Verifier:
 def score_all(prediction: str, answers: Sequence[str], names: Sequence[str]) -> dict[str, float]:
     """Score one prediction with several verifiers: ``{name: score}``."""
     return {n: get_verifier(n)(prediction, answers) for n in names}
+
+
+# ------------------------------------------------------------------------------- guarded training reward
+
+_UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+
+
+def answer_shape(answer: str) -> str | None:
+    """A regular expression for strings of the same kind as a gold answer, or ``None`` for free text.
+
+    Kinds: a run of ``n`` digits (RULER needle numbers, 7 digits), a word of ``n`` upper-case letters (variable
+    names in vt, 5 letters), a version-4 UUID. Free-text answers (HotpotQA, qa) have no shape.
+    """
+    a = answer.strip()
+    if re.fullmatch(r"\d+", a):
+        return rf"(?<!\d)\d{{{len(a)}}}(?!\d)"
+    if re.fullmatch(r"[A-Z]+", a):
+        return rf"(?<![A-Za-z]){'[A-Z]'}{{{len(a)}}}(?![A-Za-z])"
+    if re.fullmatch(_UUID, a.lower()):
+        return rf"(?<![0-9a-f-]){_UUID}(?![0-9a-f-])"
+    return None
+
+
+@VERIFIERS.register("string_match_guarded")
+def string_match_guarded(prediction: str, answers: Sequence[str]) -> float:
+    """RULER all-match that an answer listing extra candidates cannot game: the training reward for RULER tasks.
+
+    A gold answer of a known kind (:func:`answer_shape`: 7-digit numbers, 5-letter variable names, UUIDs) counts as
+    found only as a whole string of that kind (``12345678`` does not contain the number ``2345678``), and a
+    prediction that names more distinct strings of a kind than there are gold answers of that kind scores 0,
+    whatever it contains: "1234567, 2345678, 3456789" against the gold 2345678 scores 0, "The special magic
+    number for drab-cheek is 2345678." scores 1. Free-text gold answers have no kind and are matched as in
+    :func:`string_match_all` (case-insensitive substring). The score is the share of gold answers found.
+
+    Source: memagent's own rule (issue 15: an answer that lists many candidates must not score); RULER's metric.
+    """
+    golds = _as_list(answers)
+    if not golds:
+        return 0.0
+    pred = prediction or ""
+    shapes = [answer_shape(g) for g in golds]
+    found: dict[str, set[str]] = {}
+    for shape in set(s for s in shapes if s is not None):
+        found[shape] = {m.group(0).lower() for m in re.finditer(shape, pred, flags=re.IGNORECASE if "0-9a-f" in shape else 0)}
+        if len(found[shape]) > shapes.count(shape):
+            return 0.0
+    hits = sum((g.strip().lower() in found[s]) if s is not None else (g.lower() in pred.lower())
+               for g, s in zip(golds, shapes))
+    return hits / len(golds)

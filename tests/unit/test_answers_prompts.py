@@ -70,3 +70,16 @@ def test_templates_from_file_and_errors(tmp_path):
         PromptTemplates.from_file(p)
     with pytest.raises(ConfigError, match="cannot read"):
         PromptTemplates.from_file(tmp_path / "missing.yaml")
+
+
+def test_builtin_chunk_first_templates():
+    from memagent.agent.prompts import DEFAULT_TEMPLATES, PromptTemplates
+
+    t = PromptTemplates.from_file("chunk_first")
+    assert PromptTemplates.from_file("default") == DEFAULT_TEMPLATES
+    text = t.render_update("Q?", "MEM", "CHUNK")
+    assert text.index("<problem>") < text.index("CHUNK") < text.index("MEM")
+    # two memories over the same chunk share everything before the memory
+    a, b = t.render_update("Q?", "MEMONE", "CHUNK"), t.render_update("Q?", "MEMTWO", "CHUNK")
+    assert a[: a.index("MEMONE")] == b[: b.index("MEMTWO")] and len(a[: a.index("MEMONE")]) > len(t.update) // 2
+    assert t.final == DEFAULT_TEMPLATES.final and t.hash != DEFAULT_TEMPLATES.hash

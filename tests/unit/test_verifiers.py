@@ -179,3 +179,28 @@ def test_registry():
         "sub_em": 1.0,
         "f1": pytest.approx(2 / 3),
     }
+
+
+@pytest.mark.parametrize("prediction, answers, score", [
+    ("The special magic number for drab-cheek is 2345678.", ["2345678"], 1.0),
+    ("1234567, 2345678, 3456789", ["2345678"], 0.0),          # lists candidates: no reward
+    ("the number is 12345678", ["2345678"], 0.0),              # not the whole number
+    ("2345678 or maybe 2345678", ["2345678"], 1.0),            # repeating the one answer is fine
+    ("VAR ABCDE, FGHIJ KLMNO PQRST UVWXY", ["ABCDE", "FGHIJ", "KLMNO", "PQRST", "UVWXY"], 1.0),
+    ("ABCDE FGHIJ KLMNO PQRST UVWXY ZZZZZ", ["ABCDE", "FGHIJ", "KLMNO", "PQRST", "UVWXY"], 0.0),
+    ("ABCDE FGHIJ", ["ABCDE", "FGHIJ", "KLMNO", "PQRST", "UVWXY"], 0.4),
+    ("Paris, France", ["paris"], 1.0),                          # free text: RULER's substring rule
+    ("", ["2345678"], 0.0),
+])
+def test_string_match_guarded(prediction, answers, score):
+    from memagent.verifiers import get_verifier
+
+    assert get_verifier("string_match_guarded")(prediction, answers) == pytest.approx(score)
+
+
+def test_answer_shapes():
+    from memagent.verifiers import answer_shape
+
+    assert answer_shape("2345678") is not None and answer_shape("ABCDE") is not None
+    assert answer_shape("3f2b1c9e-1d2a-4b6c-8e9f-0a1b2c3d4e5f") is not None
+    assert answer_shape("Paris") is None and answer_shape("New York") is None
