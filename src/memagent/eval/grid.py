@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 import yaml
 
+from memagent.agent.prompts import BUILTIN_TEMPLATES
 from memagent.configtypes import coerce
 from memagent.errors import ConfigError, closest
 
@@ -196,7 +197,7 @@ class EvalConfig:
                 raise ConfigError(f"{where}: {key} must be a list of mappings (- {{name: ...}}), got {type(d[key]).__name__}")
         methods = []
         for i, m in enumerate(d.get("methods") or []):
-            if isinstance(m, dict) and isinstance(m.get("templates"), str):
+            if isinstance(m, dict) and isinstance(m.get("templates"), str) and m["templates"] not in BUILTIN_TEMPLATES:
                 m = {**m, "templates": _relative_to(m["templates"], base)}
             methods.append(_build(MethodConfig, m, f"{where}: methods[{i}]"))
         methods = tuple(methods)
