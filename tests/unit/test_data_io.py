@@ -159,3 +159,39 @@ def test_sample_answers_must_be_strings_in_a_sequence():
         Sample("a", "q", "doc", "Paris")
     with pytest.raises(TypeError, match="answers must be strings"):
         Sample("a", "q", "doc", (1934,))
+
+
+def test_a_lone_surrogate_is_refused_at_read_time_with_file_line_and_field(tmp_path):
+    """JSON's "\\ud800" escape without its pair decodes to a code point no tokenizer can encode (issue 17, item 3)."""
+    good = '{"id": "a", "question": "q", "context": "fine"}\n'
+    p = tmp_path / "s.jsonl"
+    p.write_text(good + '{"id": "b", "question": "q", "context": "bad \\ud800 text"}\n')
+    with pytest.raises(DataError, match=r"s\.jsonl:2: field 'context' holds a lone surrogate U\+D800 at character 4"):
+        read_samples(p)
+    p.write_text(good + '{"id": "b", "question": "q", "context": "c", "metadata": {"k": ["x", "\\udfff"]}}\n')
+    with pytest.raises(DataError, match=r"s\.jsonl:2: field 'metadata\.k\[1\]' holds a lone surrogate U\+DFFF"):
+        read_samples(p)
+    j = tmp_path / "s.json"
+    j.write_text('[{"id": "a", "question": "q\\udc80?", "context": "c"}]')
+    with pytest.raises(DataError, match=r"s\.json\[0\]: field 'question' holds a lone surrogate U\+DC80 at character 1"):
+        read_samples(j)
+    # a surrogate pair is one character (an emoji); a backslash-escaped "\\ud800" is plain text
+    p.write_text('{"id": "a", "question": "q", "context": "\\ud83d\\ude00 and \\\\ud800"}\n')
+    assert read_samples(p)[0].context == "\U0001F600 and \\ud800"
+
+
+def test_json_readers_turn_every_parse_failure_into_a_data_error(tmp_path):
+    p = tmp_path / "s.jsonl"
+    p.write_text("[" * 100_000 + "\n")  # nested too deeply for the parser
+    with pytest.raises(DataError, match=r"s\.jsonl:1: invalid JSON \(arrays or objects nested too deeply\)"):
+        read_samples(p)
+    p.write_text('{"id": ' + "1" * 5000 + "}\n")  # an integer above Python's 4,300-digit limit
+    with pytest.raises(DataError, match=r"s\.jsonl:1: invalid JSON \(Exceeds the limit"):
+        read_samples(p)
+    p.write_bytes('{"id": "a", "question": "q", "context": "c"}\n'.encode("utf-16"))
+    with pytest.raises(DataError, match=r"s\.jsonl:1: the file is UTF-16 .*iconv -f utf-16 -t utf-8"):
+        read_samples(p)
+    j = tmp_path / "s.json"
+    j.write_text('[\n{"id": "a",\n "question": }]')
+    with pytest.raises(DataError, match=r"s\.json: invalid JSON \(Expecting value at line 3 column 14\)"):
+        read_samples(j)

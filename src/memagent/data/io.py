@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from memagent.data.schema import sample_from_hf, sample_from_reference
+from memagent.data.schema import check_unicode, sample_from_hf, sample_from_reference
 from memagent.errors import DataError
 from memagent.types import Sample
 
@@ -40,12 +41,33 @@ def _read_bytes(p: Path) -> bytes:
         raise DataError(f"cannot read {str(p)!r}: {e.strerror or e}") from None
 
 
+# A JSON escape of a surrogate code point (U+D800-U+DFFF): only text holding one can decode to a lone surrogate.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _parse_json(text: str, where: str) -> Any:
+    """``json.loads`` with every failure as a DataError naming ``where``."""
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:  # a JSONL line is named by its line already; a whole file by e.lineno
+        at = f"column {e.colno}" if e.lineno == 1 else f"line {e.lineno} column {e.colno}"
+        raise DataError(f"{where}: invalid JSON ({e.msg} at {at})") from None
+    except ValueError as e:  # e.g. an integer of more than 4,300 digits
+        raise DataError(f"{where}: invalid JSON ({e})") from None
+    except RecursionError:
+        raise DataError(f"{where}: invalid JSON (arrays or objects nested too deeply)") from None
+    return obj
+
+
 def _decode(raw: bytes, where: str, first: bool) -> str:
     """UTF-8 text of a line or file (a byte-order mark at the start of the file is dropped).
 
     Raises:
         DataError: naming ``where`` and the byte offset, with what to do.
     """
+    if first and raw[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        raise DataError(f"{where}: the file is UTF-16 (it starts with a UTF-16 byte-order mark); re-encode it as "
+                        "UTF-8 (e.g. iconv -f utf-16 -t utf-8)")
     try:
         return raw.decode("utf-8-sig" if first else "utf-8")
     except UnicodeDecodeError as e:
@@ -59,8 +81,10 @@ def iter_records(path: str | os.PathLike) -> Iterator[tuple[str, Any]]:
     ``location`` is ``"<file>:<line>"`` for JSONL and ``"<file>[<row>]"`` otherwise.
 
     Raises:
-        DataError: the file is missing, a folder or unreadable, not UTF-8, a line/file is not valid JSON, or a
-            parquet file cannot be read.
+        DataError: the file is missing, a folder or unreadable, not UTF-8 (UTF-16 is named as such), a line/file
+            is not valid JSON, a record holds a lone surrogate code point (a JSON ``\\ud800`` escape without its
+            pair, which no tokenizer can encode; :func:`memagent.data.schema.check_unicode`), or a parquet file
+            cannot be read.
     """
     p = Path(path)
     fmt = _format(p)
@@ -73,21 +97,21 @@ def iter_records(path: str | os.PathLike) -> Iterator[tuple[str, Any]]:
             line = _decode(raw, f"{p}:{lineno}", lineno == 1)
             if not line.strip():
                 continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{p}:{lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
+            obj = _parse_json(line, f"{p}:{lineno}")
+            if _SURROGATE_ESCAPE.search(raw):
+                check_unicode(obj, f"{p}:{lineno}")
             yield f"{p}:{lineno}", obj
     elif fmt == ".json":
-        try:
-            data = json.loads(_decode(_read_bytes(p), str(p), True))
-        except json.JSONDecodeError as e:
-            raise DataError(f"{p}:{e.lineno}: invalid JSON ({e.msg})") from None
+        raw = _read_bytes(p)
+        data = _parse_json(_decode(raw, str(p), True), str(p))
+        escapes = _SURROGATE_ESCAPE.search(raw) is not None
         if isinstance(data, dict) and isinstance(data.get("samples"), list):
             data = data["samples"]
         if not isinstance(data, list):
             raise DataError(f"{p}: expected a JSON list of sample objects, got {type(data).__name__}")
         for i, obj in enumerate(data):
+            if escapes:
+                check_unicode(obj, f"{p}[{i}]")
             yield f"{p}[{i}]", obj
     else:
         import pyarrow as pa
