@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, fields
 from memagent.answers import extract_answer, strip_reasoning
 from memagent.backends.base import DEFAULT_CHAT_OVERHEAD_TOKENS, Backend
 from memagent.chunking import center_truncate, chunk_text
-from memagent.configtypes import coerce
+from memagent.configtypes import check_sampling, coerce
 from memagent.data.schema import lone_surrogate
 from memagent.errors import BackendError, ConfigError
 from memagent.agent.prompts import DEFAULT_TEMPLATES, PromptTemplates
@@ -86,8 +86,7 @@ class AgentConfig:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_context_tokens is not None and self.max_context_tokens < 2:
             raise ConfigError(f"max_context_tokens must be >= 2 or None, got {self.max_context_tokens}")
-        if self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise ConfigError(f"need temperature >= 0 and 0 < top_p <= 1, got {self.temperature}, {self.top_p}")
+        check_sampling(self.temperature, self.top_p)
 
 
 @dataclass

@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 import tenacity
 
-from memagent.backends.base import DEFAULT_CHAT_OVERHEAD_TOKENS, check_context_tokens
+from memagent.backends.base import DEFAULT_CHAT_OVERHEAD_TOKENS, check_context_tokens, check_request
 from memagent.backends.chat import messages_as_dicts
 from memagent.errors import BackendError, BackendTimeout, BadResponse, ConfigError, ContextOverflow, PromptTruncated
 from memagent.tokenization import Tokenizer
@@ -351,9 +351,15 @@ class OpenAIBackend:
 
         A request that fails (after retries where retrying makes sense) comes back with
         ``finish_reason="error"`` and an ``error`` naming its request id.
+
+        Raises:
+            ConfigError: a request no backend can serve (:func:`memagent.backends.base.check_request`), before
+                any is sent.
         """
         if not requests:
             return []
+        for r in requests:
+            check_request(r)
         if not self._warned_control_text:
             for r in requests:
                 hit = next((m for msg in r.messages if (m := _CONTROL_LIKE.search(msg.content))), None)

@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from memagent.backends.base import check_context_tokens
+from memagent.backends.base import check_context_tokens, check_request
 from memagent.backends.hf import ChatTokens, request_seed
 from memagent.errors import ConfigError
 from memagent.types import Completion, Request
@@ -129,7 +129,12 @@ class VLLMBackend(ChatTokens):
 
         A request whose prompt cannot be rendered or does not fit the window, or a failing engine call,
         yields a ``finish_reason="error"`` completion instead of raising.
+
+        Raises:
+            ConfigError: a request no backend can serve (:func:`memagent.backends.base.check_request`).
         """
+        for r in requests:
+            check_request(r)
         out: list[Completion | None] = [None] * len(requests)
         todo: list[tuple[int, list[int]]] = []
         for i, r in enumerate(requests):
