@@ -24,7 +24,8 @@ Our defaults versus the reference (reference doc sections 2.6, 3.3, 4.9 and 6, i
 - ``f1``: SQuAD token F1 with the rule that a yes/no/noanswer answer must match exactly; best over answers
   (the reference scores against ``answers[0]`` only: ``f1_reference``).
 - ``string_match_all`` / ``string_match_part``: RULER's metrics, per item in ``[0, 1]`` (RULER multiplies the
-  mean by 100).
+  mean by 100), on the prediction after RULER's clean-up (:func:`ruler_clean_prediction`: strip, control
+  characters to newlines, strip).
 """
 
 from __future__ import annotations
@@ -177,26 +178,46 @@ def f1_reference(prediction: str | None, answers: Sequence[str]) -> float:
     return _f1_one(normalize_answer(prediction), normalize_answer(golds[0]))
 
 
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f]")
+
+
+def ruler_clean_prediction(prediction: str | None) -> str:
+    """RULER's clean-up of a prediction before string matching: strip surrounding whitespace, turn every
+    control character (U+0000-U+001F, so tabs, carriage returns and newlines too) into a newline, strip again.
+
+    It changes a score only where a gold string holds a control character or starts or ends with whitespace
+    (prediction ``"a\\tb"`` no longer holds gold ``"a\\tb"``; ``"\\tParis\\x00"`` still holds ``"Paris"``); it
+    also makes a prediction of only whitespace and control characters empty, which RULER counts as a null
+    prediction (our ``n_empty``).
+
+    Source: NVIDIA RULER ``scripts/eval/evaluate.py`` (``postprocess_pred``), applied to every prediction
+    before ``string_match_all`` / ``string_match_part``.
+    """
+    return _CONTROL_CHARS.sub("\n", (prediction or "").strip()).strip()
+
+
 @VERIFIERS.register("string_match_all")
 def string_match_all(prediction: str, answers: Sequence[str]) -> float:
-    """RULER all-match: the share of gold strings found in the prediction (case-insensitive substring).
+    """RULER all-match: the share of gold strings found in the prediction (case-insensitive substring), after
+    RULER's clean-up of the prediction (:func:`ruler_clean_prediction`).
 
     Source: NVIDIA RULER ``eval/synthetic/constants.py``; ruler-tasks.md (niah, vt, cwe, fwe).
     """
     golds = _as_list(answers)
     if not golds:
         return 0.0
-    pred = (prediction or "").lower()
+    pred = ruler_clean_prediction(prediction).lower()
     return sum(g.lower() in pred for g in golds) / len(golds)
 
 
 @VERIFIERS.register("string_match_part")
 def string_match_part(prediction: str, answers: Sequence[str]) -> float:
-    """RULER part-match: 1.0 if any gold string occurs in the prediction (case-insensitive substring).
+    """RULER part-match: 1.0 if any gold string occurs in the prediction (case-insensitive substring), after
+    RULER's clean-up of the prediction (:func:`ruler_clean_prediction`).
 
     Source: NVIDIA RULER ``eval/synthetic/constants.py``; ruler-tasks.md (qa tasks).
     """
-    pred = (prediction or "").lower()
+    pred = ruler_clean_prediction(prediction).lower()
     return float(any(g.lower() in pred for g in _as_list(answers)))
 
 

@@ -200,3 +200,27 @@ def test_registry():
         "sub_em": 1.0,
         "f1": pytest.approx(2 / 3),
     }
+
+
+def test_ruler_clean_up_of_the_prediction_before_string_matching():
+    """RULER strips the prediction, turns control characters into newlines and strips again before matching
+    (issue 17, item 7)."""
+    from memagent.verifiers import ruler_clean_prediction
+
+    assert ruler_clean_prediction("  a\x1fb\t") == "a\nb"
+    assert ruler_clean_prediction("\x00\x01 \n\x1f") == "" and ruler_clean_prediction(None) == ""
+    assert ruler_clean_prediction("x\x7fy\u00a0") == "x\x7fy"  # DEL is not in RULER's range; NBSP is whitespace
+    assert string_match_all("a\tb", ["a\tb"]) == 0.0  # the tab became a newline
+    assert string_match_part("code 42\x00", ["42\x00"]) == 0.0
+    assert string_match_part(" Paris", [" paris"]) == 0.0  # stripped first
+    assert string_match_all("\tParis\x00 and Rome", ["paris", "rome"]) == 1.0
+    assert string_match_all("Paris\n\nRome", ["Paris\nRome"]) == 0.0  # newlines stay newlines
+
+
+def test_a_prediction_of_control_characters_counts_as_empty():
+    from memagent.eval.metrics import summarize
+
+    rows = [{"method": "m", "task": "vt", "length": 8, "sample_id": s, "status": "ok", "answer": a, "metric": "m",
+             "score": 0.0, "scores": {}} for s, a in (("a", "\x00\x1f"), ("b", " x "), ("c", "\t\n"))]
+    (cell,) = summarize(rows)
+    assert cell.n_empty == 2
