@@ -66,3 +66,8 @@ def test_the_python_api_refuses_a_lone_surrogate_before_any_call():
     assert backend.calls == []
     r = _run("run", "-b", "scripted", "-q", "bad \udcff?", "-d", "-", input="doc")  # argv's undecodable bytes
     assert r.exit_code == 2 and "the question holds a lone surrogate U+DCFF at character 4" in r.output
+
+
+def test_vllm_with_a_model_path_that_does_not_exist_exits_2_naming_it():
+    r = _run("run", "-b", "vllm", "--model", "/nonexistent", "-q", "Q", "-d", "-", input="doc")
+    assert r.exit_code == 2 and "model '/nonexistent' does not exist" in r.output, r.output
