@@ -3,7 +3,8 @@
 Source: the reference splits the tokenized context into non-overlapping slices ``[i*C, (i+1)*C)`` of
 ``C = chunk_size`` tokens, the last one shorter (reference doc section 1.2). It decodes each slice back to
 text, which can break a multi-byte character at a boundary; memagent instead cuts the original text at the
-character offsets of the token boundaries, so no character is lost, duplicated or mangled.
+character offsets of the token boundaries, so no character is lost, duplicated or mangled, and no chunk is
+empty (a character longer than a chunk stays whole in the chunk where it starts, see :func:`chunk_offsets`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,15 @@ from memagent.types import Chunk
 def chunk_offsets(text: str, ids: Sequence[int], boundaries: Sequence[int], chunk_tokens: int) -> list[Chunk]:
     """Split already-tokenized text into chunks of ``chunk_tokens`` tokens.
 
+    A chunk is never empty. The slice ``[i*C, (i+1)*C)`` of ``C = chunk_tokens`` tokens is cut at character
+    boundaries, and a character belongs to the token in which it starts; a slice in which no character starts
+    (all its tokens are later bytes of a character begun in the slice before: a CJK character is 3 UTF-8
+    bytes, so 3 byte-level tokens, and cannot fit in a chunk of 1 or 2) is joined to the chunk before it. So a
+    character longer than a chunk stays whole in the chunk where it starts, that chunk holds more than
+    ``chunk_tokens`` tokens (at most ``chunk_tokens + 3`` for a byte-level tokenizer, whose characters are at
+    most 4 tokens), and the next chunk starts with the next character. A slice of zero-width tokens at the
+    very start joins the chunk after it.
+
     Args:
         text: the document.
         ids: its token ids, shape ``(T,)``.
@@ -25,7 +35,8 @@ def chunk_offsets(text: str, ids: Sequence[int], boundaries: Sequence[int], chun
         chunk_tokens: tokens per chunk (> 0); the last chunk holds the remainder.
 
     Returns:
-        ``ceil(T / chunk_tokens)`` chunks (none for an empty document).
+        ``ceil(T / chunk_tokens)`` chunks (fewer when slices were joined as above; none for an empty
+        document), whose texts join to ``text`` and whose token ranges join to ``[0, T)``.
 
     Raises:
         ConfigError: ``chunk_tokens`` < 1 or ``boundaries`` does not fit ``ids``.
@@ -35,13 +46,18 @@ def chunk_offsets(text: str, ids: Sequence[int], boundaries: Sequence[int], chun
     n = len(ids)
     if len(boundaries) != n + 1:
         raise ConfigError(f"expected {n + 1} boundaries for {n} tokens, got {len(boundaries)}")
-    chunks = []
-    for i, start in enumerate(range(0, n, chunk_tokens)):
+    spans: list[list[int]] = []  # [start_token, end_token, start_char, end_char]
+    for start in range(0, n, chunk_tokens):
         end = min(start + chunk_tokens, n)
         c0 = boundaries[start] if start else 0
         c1 = boundaries[end] if end < n else len(text)
-        chunks.append(Chunk(i, start, end, c0, c1, text[c0:c1]))
-    return chunks
+        if spans and spans[-1][2] == spans[-1][3]:  # zero-width tokens at the start: join the next slice
+            spans[-1][1], spans[-1][3] = end, c1
+        elif spans and c0 == c1:  # no character starts in this slice: its tokens end the previous chunk's
+            spans[-1][1] = end
+        else:
+            spans.append([start, end, c0, c1])
+    return [Chunk(i, t0, t1, c0, c1, text[c0:c1]) for i, (t0, t1, c0, c1) in enumerate(spans)]
 
 
 def chunk_text(text: str, tokenizer: Tokenizer, chunk_tokens: int) -> list[Chunk]:
