@@ -71,3 +71,21 @@ def test_the_python_api_refuses_a_lone_surrogate_before_any_call():
 def test_vllm_with_a_model_path_that_does_not_exist_exits_2_naming_it():
     r = _run("run", "-b", "vllm", "--model", "/nonexistent", "-q", "Q", "-d", "-", input="doc")
     assert r.exit_code == 2 and "model '/nonexistent' does not exist" in r.output, r.output
+
+
+def test_run_reads_a_utf16_document_by_its_byte_order_mark(tmp_path):
+    doc = tmp_path / "doc.txt"
+    doc.write_bytes("Grüße aus Köln\n".encode("utf-16"))  # the scripted model answers with the first line
+    r = _run("run", "-q", "Q", "-d", doc, "-b", "scripted")
+    assert r.exit_code == 0 and r.stdout.strip().splitlines()[-1] == "Grüße aus Köln", r.output
+    assert "warning" not in r.output
+
+
+def test_run_refuses_a_binary_document_unless_allowed(tmp_path):
+    doc = tmp_path / "a.bin"
+    doc.write_bytes(b"\x7fELF\x02\x01\x01\x00\x00\x00 header bytes\n")
+    r = _run("run", "-q", "Q", "-d", doc, "-b", "scripted")
+    assert r.exit_code == 2 and "looks like a binary file, not text (it holds NUL bytes (the first at byte 7)" in \
+        " ".join(r.output.split()) and "--allow-binary" in r.output
+    r = _run("run", "-q", "Q", "-d", doc, "-b", "scripted", "--allow-binary")
+    assert r.exit_code == 0 and "warning:" in r.output and "looks binary" in r.output

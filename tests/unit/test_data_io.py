@@ -195,3 +195,53 @@ def test_json_readers_turn_every_parse_failure_into_a_data_error(tmp_path):
     j.write_text('[\n{"id": "a",\n "question": }]')
     with pytest.raises(DataError, match=r"s\.json: invalid JSON \(Expecting value at line 3 column 14\)"):
         read_samples(j)
+
+
+@pytest.mark.parametrize("codec", ["utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le", "utf-32-be", "utf-8-sig"])
+def test_a_document_with_a_byte_order_mark_is_decoded_by_it(codec):
+    """UTF-16 text with a BOM was read as garbled UTF-8 with only a warning (issue 17, item 10)."""
+    from memagent.data.io import read_document_text
+
+    text = "Grüße, 世界 😀\nline two"
+    raw = text.encode(codec)
+    if not codec.startswith("utf-8") and codec[-2:] in ("le", "be"):  # these codecs write no mark: add it
+        raw = "\ufeff".encode(codec) + raw
+    assert read_document_text(raw, "doc", warn=pytest.fail) == text
+
+
+def test_binary_documents_are_refused_unless_allowed(tmp_path):
+    from memagent.data.io import read_document_text
+
+    png = tmp_path / "img.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)) * 4)
+    with pytest.raises(DataError, match=r"img\.png looks like a binary file, not text \(it holds NUL bytes \(the first "
+                                         r"at byte 8\).*pass --allow-binary"):
+        read_document_text(png)
+    warned = []
+    text = read_document_text(png, allow_binary=True, warn=warned.append)
+    assert text.startswith("\ufffdPNG\r\n\x1a\n\x00") and "looks binary" in warned[0]
+    controls = bytes(b for b in range(1, 32) if b not in b"\t\n\r\x0b\x0c\x08\x1b") * 10 + b"x" * 4000
+    with pytest.raises(DataError, match=r"240 of its first 4240 bytes are control characters"):
+        read_document_text(controls, "ctl")  # 5.7% without a NUL byte
+    assert read_document_text(controls[:150] + b"x" * 3000, "ctl", warn=pytest.fail)  # 4.8%: text
+
+
+def test_legacy_encodings_and_terminal_text_are_text_with_a_warning(tmp_path):
+    from memagent.data.io import read_document_text
+
+    warned = []
+    russian = "Привет, мир. " * 20
+    text = read_document_text(russian.encode("cp1251"), "ru", warn=warned.append)  # not refused as binary
+    assert text.count(", ") == 20 and text.count(". ") == 20 and set(text) == {"\ufffd", ",", ".", " "}
+    assert warned == ["ru is not valid UTF-8 (invalid continuation byte at byte 0); undecodable bytes are replaced "
+                      "by U+FFFD"]
+    colored = b"\x1b[31merror\x1b[0m: disk full\x08\n"
+    assert read_document_text(colored, "log", warn=pytest.fail) == colored.decode()
+    warned.clear()
+    assert read_document_text("\ufeffab".encode("utf-16-le")[:-1] + b"", "odd", warn=warned.append) == "a\ufffd"
+    assert warned[0].startswith("odd is not valid UTF-16 (by its byte-order mark) (truncated data at byte 4)")
+    warned.clear()
+    assert read_document_text(b" \n", "blank", warn=warned.append) == " \n"
+    assert warned == ["the document (blank) is empty: the answer comes from no memory at all"]
+    with pytest.raises(DataError, match="is not a file"):
+        read_document_text(tmp_path)
