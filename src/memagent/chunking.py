@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from memagent.errors import ConfigError
+from memagent.data.schema import lone_surrogate
+from memagent.errors import ConfigError, DataError
 from memagent.tokenization import Tokenizer
 from memagent.types import Chunk
 
@@ -61,7 +62,13 @@ def chunk_offsets(text: str, ids: Sequence[int], boundaries: Sequence[int], chun
 
 
 def chunk_text(text: str, tokenizer: Tokenizer, chunk_tokens: int) -> list[Chunk]:
-    """Tokenize ``text`` and split it into chunks of ``chunk_tokens`` model tokens (see :func:`chunk_offsets`)."""
+    """Tokenize ``text`` and split it into chunks of ``chunk_tokens`` model tokens (see :func:`chunk_offsets`).
+
+    Raises:
+        DataError: the text holds a lone surrogate code point, which no tokenizer can encode.
+        ConfigError: as :func:`chunk_offsets`.
+    """
+    _check_encodable(text)
     ids, bounds = tokenizer.encode_with_offsets(text)
     return chunk_offsets(text, ids, bounds, chunk_tokens)
 
@@ -82,9 +89,11 @@ def center_truncate(text: str, tokenizer: Tokenizer, max_tokens: int | None) -> 
 
     Raises:
         ConfigError: ``max_tokens`` < 2.
+        DataError: the text holds a lone surrogate code point.
 
     Source: reference doc section 1.7 (first half + last half of the token sequence).
     """
+    _check_encodable(text)
     ids, bounds = tokenizer.encode_with_offsets(text)
     n = len(ids)
     if max_tokens is None or n <= max_tokens:
@@ -94,3 +103,9 @@ def center_truncate(text: str, tokenizer: Tokenizer, max_tokens: int | None) -> 
     tail = max_tokens // 2
     head = max_tokens - tail
     return text[: bounds[head]] + text[bounds[n - tail] :], max_tokens
+
+
+def _check_encodable(text: str) -> None:
+    if (at := lone_surrogate(text)) is not None:
+        raise DataError(f"the text holds a lone surrogate U+{ord(text[at]):04X} at character {at}, which no tokenizer "
+                        "can encode; remove it")

@@ -126,3 +126,16 @@ def test_gguf_long_whitespace_pieces_are_not_cut(gguf_tokenizer):
     assert max(len(gguf_tokenizer.piece(t)) for t in ids) > 32
     assert gguf_tokenizer.decode(ids) == text
     assert "".join(c.text for c in chunk_offsets(text, ids, bounds, 2)) == text
+
+
+def test_gguf_bytes_the_vocabulary_lacks_stay_in_the_text(gguf_tokenizer):
+    """SmolLM2's vocabulary has no token for some control bytes (0x04, 0x06, 0x13, 0x14, 0x16, 0x1D) or for the
+    lead bytes 0xF1-0xF2; llama.cpp drops them, which made chunking fail with "does not reproduce its input"
+    (found by the property tests, issue 17 item 11). They now count with the token before them."""
+    text = "\x04\x04start\x13 middle \x1d\U00040000 end\x06"
+    assert gguf_tokenizer.decode(gguf_tokenizer.encode(text)) == "start middle \ufffd\ufffd\ufffd end"  # dropped
+    for size in (1, 2, 5):
+        chunks = chunk_text(text, gguf_tokenizer, size)
+        assert "".join(c.text for c in chunks) == text and all(c.text for c in chunks)
+    assert chunks[0].text.startswith("\x04\x04start")
+    assert gguf_tokenizer.encode_with_offsets("\x1d\x04") == ([], [0]) and chunk_text("\x1d", gguf_tokenizer, 4) == []

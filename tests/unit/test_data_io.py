@@ -245,3 +245,11 @@ def test_legacy_encodings_and_terminal_text_are_text_with_a_warning(tmp_path):
     assert warned == ["the document (blank) is empty: the answer comes from no memory at all"]
     with pytest.raises(DataError, match="is not a file"):
         read_document_text(tmp_path)
+
+
+def test_a_stray_control_character_does_not_make_a_text_binary():
+    from memagent.data.io import read_document_text
+
+    assert read_document_text(b"hello\x04world\n", "t", warn=pytest.fail) == "hello\x04world\n"  # 1 of 12 bytes
+    with pytest.raises(DataError, match="17 of its first 17 bytes"):
+        read_document_text(b"\x01" * 17, "t")

@@ -162,19 +162,21 @@ _BOMS = ((b"\x00\x00\xfe\xff", "utf-32"), (b"\xff\xfe\x00\x00", "utf-32"), (b"\x
 #: backspace, escape). Text in any 8-bit encoding has almost none; random bytes have about 10%.
 _BINARY_PROBE_BYTES = 65536
 _BINARY_SHARE = 0.05
+_BINARY_MIN_CONTROLS = 16  # a short text with a stray control character or two is still text
 _BINARY_CONTROLS = re.compile(rb"[\x00-\x07\x0e-\x1a\x1c-\x1f]")
 
 
 def _binary_reason(raw: bytes) -> str | None:
     """Why ``raw`` (without a byte-order mark) looks like a binary file, or ``None`` when it looks like text:
-    a NUL byte anywhere, or more than 5% control bytes that text does not use in its first 64 KiB. Bytes that
+    a NUL byte anywhere, or more than 5% (and more than 16) control bytes that text does not use in its first
+    64 KiB. Bytes that
     are not UTF-8 do not count (text in a legacy 8-bit encoding is full of them)."""
     nul = raw.find(b"\x00")
     if nul >= 0:
         return f"it holds NUL bytes (the first at byte {nul}); UTF-16 or UTF-32 text without a byte-order mark does too"
     probe = raw[:_BINARY_PROBE_BYTES]
     odd = len(_BINARY_CONTROLS.findall(probe))
-    if odd > _BINARY_SHARE * len(probe):
+    if odd > max(_BINARY_MIN_CONTROLS, _BINARY_SHARE * len(probe)):
         return f"{odd} of its first {len(probe)} bytes are control characters that text does not use"
     return None
 
@@ -186,8 +188,8 @@ def read_document_text(source: str | os.PathLike | bytes, name: str | None = Non
     - A byte-order mark picks the encoding: UTF-8, UTF-16 (LE or BE) or UTF-32 (LE or BE); the mark is not
       part of the text.
     - Without one the bytes are UTF-8. Bytes that are not UTF-8 are replaced by U+FFFD, with a warning.
-    - A file that looks binary (:func:`_binary_reason`: NUL bytes, or more than 5% control bytes that text
-      does not use in its first 64 KiB) is refused unless ``allow_binary``; then it is read as UTF-8 with
+    - A file that looks binary (:func:`_binary_reason`: NUL bytes, or more than 5% (and 16) control bytes
+      that text does not use in its first 64 KiB) is refused unless ``allow_binary``; then it is read as UTF-8 with
       replacement, with a warning.
     - An empty (or all-whitespace) document gives a warning: the answer then comes from no memory at all.
 
