@@ -147,3 +147,17 @@ def test_sample_readers_never_give_a_traceback_on_odd_records(tmp_path_factory, 
         p = folder / "s.json"
         p.write_text(json.dumps(records))
     _read_or_data_error(p)
+
+
+@_settings(150)
+@given(text=CLEAN_TEXT, size=st.integers(1, 12))
+def test_hf_chunking_round_trips_any_text(tiny, text, size):
+    from memagent.tokenization import HFTokenizer
+
+    tok = HFTokenizer(tiny[1], name="tiny")
+    ids, _ = tok.encode_with_offsets(text)
+    chunks = chunk_text(text, tok, size)
+    if not ids:
+        assert chunks == [] and text == ""
+        return
+    _check_chunks(text, chunks, len(ids), size)
