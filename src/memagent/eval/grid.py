@@ -35,12 +35,8 @@ from typing import Any, Literal
 
 import yaml
 
-<<<<<<< HEAD
 from memagent.agent.prompts import BUILTIN_TEMPLATES
-from memagent.configtypes import coerce
-=======
 from memagent.configtypes import check_sampling, coerce
->>>>>>> rel
 from memagent.errors import ConfigError, closest
 
 MethodKind = Literal["memory_agent", "direct"]
