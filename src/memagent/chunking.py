@@ -78,3 +78,39 @@ def center_truncate(text: str, tokenizer: Tokenizer, max_tokens: int | None) -> 
     tail = max_tokens // 2
     head = max_tokens - tail
     return text[: bounds[head]] + text[bounds[n - tail] :], max_tokens
+
+
+def chunk_document(text: str, tokenizer: Tokenizer, chunk_tokens: int,
+                   max_tokens: int | None = None) -> tuple[list[Chunk], int]:
+    """Center-truncate ``text`` to ``max_tokens`` and split it into chunks, tokenizing it once.
+
+    The kept head and tail keep the token ids and boundaries of the whole document (not a re-tokenisation of
+    the shortened text, which could merge differently where the two halves meet), so the chunks hold exactly
+    ``min(T, max_tokens)`` tokens and their texts join to the shortened text.
+
+    Args:
+        text: the document.
+        tokenizer: the model's tokenizer.
+        chunk_tokens: tokens per chunk (> 0).
+        max_tokens: center truncation budget in tokens (see :func:`center_truncate`); ``None`` keeps all.
+
+    Returns:
+        ``(chunks, document_tokens)``: the chunks of the (possibly shortened) document and its length in tokens.
+
+    Raises:
+        ConfigError: ``chunk_tokens`` < 1 or ``max_tokens`` < 2.
+    """
+    ids, bounds = tokenizer.encode_with_offsets(text)
+    n = len(ids)
+    if max_tokens is None or n <= max_tokens:
+        return chunk_offsets(text, ids, bounds, chunk_tokens), n
+    if max_tokens < 2:
+        raise ConfigError(f"max_context_tokens must be >= 2 to keep a head and a tail, got {max_tokens}")
+    tail = max_tokens // 2
+    head = max_tokens - tail
+    cut, resume = bounds[head], bounds[n - tail]
+    short = text[:cut] + text[resume:]
+    shift = resume - cut
+    short_bounds = list(bounds[: head + 1]) + [b - shift for b in bounds[n - tail + 1 :]]
+    short_bounds[-1] = len(short)
+    return chunk_offsets(short, list(ids[:head]) + list(ids[n - tail :]), short_bounds, chunk_tokens), max_tokens

@@ -238,7 +238,7 @@ def load_tokenizer(spec: str) -> Tokenizer:
     if spec == "bytes":
         return ByteTokenizer()
     if spec == "smollm2":
-        from memagent.backends.models import smollm2_gguf_path
+        from memagent.embedded import smollm2_gguf_path
 
         return LlamaCppTokenizer.from_gguf(smollm2_gguf_path())
     if spec.endswith(".gguf"):

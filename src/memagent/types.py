@@ -97,6 +97,9 @@ class Request:
         temperature, top_p: sampling settings (temperature 0 means greedy).
         seed: sampling seed, when the backend supports one.
         request_id: a readable id (``<sample id>/<turn>``) used in errors and logs.
+        sampling: extra sampling settings that are off their default, by memagent's name (e.g.
+            ``{"repetition_penalty": 1.1}``); each backend maps them to its engine's names and refuses one it
+            cannot apply (:mod:`memagent.backends.sampling`).
     """
 
     messages: tuple[Message, ...]
@@ -105,6 +108,7 @@ class Request:
     top_p: float = 1.0
     seed: int | None = None
     request_id: str = ""
+    sampling: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

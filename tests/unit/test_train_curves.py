@@ -45,7 +45,10 @@ def test_curves_from_files(tmp_path):
 
 def test_reward_choices():
     pytest.importorskip("torch")
-    from memagent.train.trainer import _reward_fn
+    from memagent.scoring import score
+
+    def _reward_fn(name):
+        return lambda response, answers: score(name, response, answers)
 
     sub = _reward_fn("sub_em")
     assert sub("The special number is 4417093.", ["4417093"]) == 1.0  # raw-text fallback still scores

@@ -30,6 +30,7 @@ import tenacity
 
 from memagent.backends.base import DEFAULT_CHAT_OVERHEAD_TOKENS, check_context_tokens
 from memagent.backends.chat import messages_as_dicts
+from memagent.backends.sampling import engine_options
 from memagent.errors import BackendError, BackendTimeout, BadResponse, ConfigError, ContextOverflow
 from memagent.tokenization import Tokenizer
 from memagent.types import Completion, FinishReason, Message, Request, Usage
@@ -69,7 +70,11 @@ def build_payload(request: Request, model: str, extra: Mapping[str, Any] | None 
 
     Returns:
         A JSON-serialisable dict with ``model``, ``messages``, ``max_tokens``, ``temperature``, ``top_p``,
-        ``stream=False`` and ``seed`` when the request has one.
+        ``stream=False``, ``seed`` when the request has one, and the request's extra sampling settings as the
+        body fields vLLM, SGLang and llama.cpp's server take (:mod:`memagent.backends.sampling`).
+
+    Raises:
+        ConfigError: an extra sampling setting the servers cannot take.
     """
     payload: dict[str, Any] = {
         "model": model,
@@ -81,6 +86,7 @@ def build_payload(request: Request, model: str, extra: Mapping[str, Any] | None 
     }
     if request.seed is not None:
         payload["seed"] = request.seed
+    payload.update(engine_options(request, "openai"))
     if extra:
         payload.update(extra)
     return payload
@@ -315,6 +321,8 @@ class OpenAIBackend:
         """
         if not requests:
             return []
+        for r in requests:  # a setting the servers cannot take is refused before any request is sent
+            engine_options(r, "openai")
         if not self._warned_control_text:
             for r in requests:
                 hit = next((m for msg in r.messages if (m := _CONTROL_LIKE.search(msg.content))), None)

@@ -10,6 +10,7 @@ import re
 from collections.abc import Callable, Sequence
 
 from memagent.backends.base import check_context_tokens
+from memagent.backends.sampling import engine_options
 from memagent.tokenization import ByteTokenizer, Tokenizer
 from memagent.types import Completion, Message, Request, Usage
 
@@ -69,6 +70,8 @@ class ScriptedBackend:
 
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
         self.calls.append(list(requests))
+        for r in requests:  # a fake model cannot honour extra sampling settings: refused, not silently ignored
+            engine_options(r, "scripted")
         out = []
         for r in requests:
             if self.fail is not None and self.fail(r):

@@ -142,6 +142,34 @@ def draw_documents(
 FIT_LOOKAHEAD = 32
 
 
+def _add_candidates(candidates, nxt, est, target, doc_cost, chosen, docs, rng) -> tuple[int, int, int, int]:
+    """Add candidates from position ``nxt`` while they fit the estimate (each at a random position of ``docs``),
+    passing over up to ``FIT_LOOKAHEAD`` in a row that are too long. Returns ``(nxt, est, added, misses)``."""
+    added = misses = 0
+    while nxt < len(candidates) and misses < FIT_LOOKAHEAD:
+        d = candidates[nxt]
+        nxt += 1
+        if est + doc_cost(d) > target:
+            misses += 1  # too long for the room left: try the next ones
+            continue
+        est += doc_cost(d)
+        chosen.append(d)
+        docs.insert(rng.randint(0, len(docs)), d)
+        added += 1
+        misses = 0
+    return nxt, est, added, misses
+
+
+def _remove_last_added(chosen, docs, excess, doc_cost) -> int:
+    """Remove distractors, last added first, until their estimated tokens cover ``excess``; returns those tokens."""
+    removed = 0
+    while removed < excess and chosen:
+        d = chosen.pop()
+        docs.remove(d)
+        removed += doc_cost(d)
+    return removed
+
+
 def fit_documents(
     own: Sequence[str],
     pool: DocumentPool,
@@ -197,25 +225,13 @@ def fit_documents(
     shrinking = False
     for _ in range(16):
         added = misses = 0
-        while not shrinking and nxt < len(candidates) and misses < FIT_LOOKAHEAD:
-            d = candidates[nxt]
-            nxt += 1
-            if est + doc_cost(d) > target:
-                misses += 1  # too long for the room left: try the next ones
-                continue
-            est += doc_cost(d)
-            chosen.append(d)
-            docs.insert(rng.randint(0, len(docs)), d)
-            added += 1
-            misses = 0
+        if not shrinking:
+            nxt, est, added, misses = _add_candidates(candidates, nxt, est, target, doc_cost, chosen, docs, rng)
         context = render_documents(docs)
         exact = count_tokens(tokenizer, context)
         if exact > target:
-            excess, removed = exact - target, 0
-            while removed < excess and chosen:
-                d = chosen.pop()
-                docs.remove(d)
-                removed += doc_cost(d)
+            excess = exact - target
+            removed = _remove_last_added(chosen, docs, excess, doc_cost)
             if removed < excess:
                 raise DataError(f"the question's own documents alone take {exact - removed} tokens, over the budget of {target}")
             shrinking = True  # from now on only remove, so the loop cannot oscillate
