@@ -82,7 +82,8 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
 
 # ------------------------------------------------------------------------------------ declared settings
 def setting(default: Any = None, help: str = "", *, flag: str | tuple[str, ...] | None = None, min: float | None = None,
-            cli: bool = True, cli_default: Any = ..., sampling: bool = False, default_factory: Any = None) -> Any:
+            gt: float | None = None, cli: bool = True, cli_default: Any = ..., sampling: bool = False,
+            default_factory: Any = None) -> Any:
     """A dataclass field that declares a setting once, for every place it enters: YAML keys, the command line
     (flag, help, lower bound) and the range check.
 
@@ -91,12 +92,14 @@ def setting(default: Any = None, help: str = "", *, flag: str | tuple[str, ...] 
         help: one line for ``--help`` and the docs.
         flag: the command-line flag, or flags (default ``--`` + the name with dashes).
         min: inclusive lower bound, checked by :func:`check_bounds` and by the command line.
+        gt: exclusive lower bound (checked by :func:`check_bounds`; the command line refuses values below it).
         cli: whether the setting is a command-line option at all.
         cli_default: the command line's default when it differs from ``default``.
         sampling: an extra sampling setting: passed to backends in ``Request.sampling`` when off its default
             (each backend maps it to its engine's name, or refuses it; :mod:`memagent.backends.sampling`).
     """
-    meta = {"help": help, "flag": flag, "min": min, "cli": cli, "cli_default": cli_default, "sampling": sampling}
+    meta = {"help": help, "flag": flag, "min": min, "gt": gt, "cli": cli, "cli_default": cli_default,
+            "sampling": sampling}
     if default_factory is not None:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -117,12 +120,14 @@ def check_bounds(obj: Any, prefix: str = "") -> None:
     """Check the lower bounds declared with :func:`setting` (``None`` values pass).
 
     Raises:
-        ConfigError: ``<prefix><name> must be >= <min>, got <value>``.
+        ConfigError: ``<prefix><name> must be >= <min>, got <value>`` (or ``> <gt>``).
     """
     for f in dataclasses.fields(obj):
-        low, value = f.metadata.get("min"), getattr(obj, f.name)
+        low, above, value = f.metadata.get("min"), f.metadata.get("gt"), getattr(obj, f.name)
         if low is not None and value is not None and value < low:
             raise ConfigError(f"{prefix}{f.name} must be >= {low}, got {value}")
+        if above is not None and value is not None and value <= above:
+            raise ConfigError(f"{prefix}{f.name} must be > {above}, got {value}")
 
 
 #: Field metadata of a dataclass embedded *flat*: its keys sit at the level of the embedding class in YAML,

@@ -50,7 +50,8 @@ class Group:
             flags = m.get("flag") or "--" + f.name.replace("_", "-")
             flags = (flags,) if isinstance(flags, str) else tuple(flags)
             default = self.defaults.get(f.name, f.default if m.get("cli_default", ...) is ... else m["cli_default"])
-            bounds = {"min": m["min"]} if m.get("min") is not None else {}
+            low = m.get("min") if m.get("min") is not None else m.get("gt")
+            bounds = {"min": low} if low is not None else {}
             option = typer.Option(default, *flags, help=self.help.get(f.name, m.get("help", "")), **bounds)
             out.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option,
                                          annotation=_cli_type(hints[f.name])))

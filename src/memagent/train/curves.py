@@ -16,21 +16,23 @@ from memagent.errors import DataError
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
-    """The rows of ``<run_dir>/metrics.jsonl`` in file order.
+    """The rows of ``<run_dir>/metrics.jsonl`` in file order (a last line torn by a kill is not read).
 
     Raises:
-        DataError: the file is missing or a line is not JSON (names the line).
+        DataError: the file is missing or a complete line is not JSON (names the line).
     """
+    from memagent.runfiles import complete_lines
+
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise DataError(f"no metrics.jsonl in {run_dir}: is it a `memagent train` output directory?")
     rows = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in complete_lines(path):
         if line.strip():
             try:
                 rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{n}: not JSON ({e.msg})") from None
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise DataError(f"{path}:{n}: not JSON ({getattr(e, 'msg', e)})") from None
     return rows
 
 
