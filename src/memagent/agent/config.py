@@ -34,6 +34,8 @@ class AgentConfig:
         seed: base sampling seed; each request gets a seed derived from (seed, sample id, turn) so repeated
             samples (RL groups) still differ. ``None``: backend default.
         batch_size: samples advanced together (one request each per step).
+        repetition_penalty: the engines' repetition penalty (1 = off): logits of tokens already seen are divided
+            by it (multiplied when negative); an extra sampling setting, refused by backends that lack it.
         templates: a YAML file of prompt templates (``None``: the built-in ones).
         strict: raise :class:`BackendError` on the first failed request instead of recording it.
         slack_tokens: allowance for re-tokenising chunk and memory texts inside a prompt (a boundary can
@@ -50,6 +52,8 @@ class AgentConfig:
     seed: int | None = setting(None, "sampling seed (each request's seed derives from it, the sample id and the turn)",
                                cli_default=0)
     batch_size: int = setting(8, "samples advanced together", min=1)
+    repetition_penalty: float = setting(1.0, "penalty on tokens already in the prompt or output (1 = off; >1 "
+                                        "discourages repeats)", gt=0.0, sampling=True)
     templates: str | None = setting(None, "YAML file with update/final/no_memory/system prompts")
     strict: bool = setting(False, "stop at the first failed request instead of recording it", cli=False)
     slack_tokens: int = setting(16, "allowance for re-tokenising chunk and memory texts inside a prompt", min=0,

@@ -18,7 +18,12 @@ from memagent.errors import ConfigError
 from memagent.types import Request
 
 #: setting -> {backend name: the engine's name of that setting}. ``openai`` sends it as a body field.
-ENGINE_NAMES: dict[str, dict[str, str]] = {}
+ENGINE_NAMES: dict[str, dict[str, str]] = {
+    # llama.cpp's repeat_penalty, transformers' GenerationConfig and vLLM's SamplingParams repetition_penalty;
+    # the body field vLLM, SGLang and llama.cpp's server read on /chat/completions
+    "repetition_penalty": {"llamacpp": "repeat_penalty", "hf": "repetition_penalty", "vllm": "repetition_penalty",
+                           "openai": "repetition_penalty"},
+}
 
 
 def engine_options(request: Request, backend: str) -> dict[str, Any]:
@@ -40,5 +45,5 @@ def engine_options(request: Request, backend: str) -> dict[str, Any]:
         if backend not in names:
             raise ConfigError(f"the {backend} backend cannot apply {name}={value!r}; leave it at its default, or use a "
                               f"backend that takes it ({', '.join(sorted(names))})")
-        out[names[name]] = value
+        out[names[backend]] = value
     return out
