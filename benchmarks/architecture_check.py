@@ -76,7 +76,9 @@ def imports(path: Path, module: str) -> set[str]:
             if node.level:
                 base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
             if base.startswith("memagent"):
-                out.add(base)
+                # ``from memagent.train import data`` imports the module memagent.train.data, not the package
+                out.update(f"{base}.{a.name}" if (SRC.parent / f"{base}.{a.name}".replace(".", "/")).with_suffix(".py").exists()
+                           or (SRC.parent / f"{base}.{a.name}".replace(".", "/")).is_dir() else base for a in node.names)
     return out
 
 

@@ -39,10 +39,12 @@ class Group:
     help: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def fields(self) -> list[dataclasses.Field]:
+        """The settings offered as options."""
         return [f for f in dataclasses.fields(self.cls) if f.metadata.get("cli", True)
                 and (self.only is None or f.name in self.only)]
 
     def parameters(self) -> list[inspect.Parameter]:
+        """The settings as keyword parameters whose defaults are typer options (flag, help, bound, default)."""
         hints = typing.get_type_hints(self.cls)
         out = []
         for f in self.fields():
@@ -58,6 +60,11 @@ class Group:
         return out
 
     def build(self, values: dict[str, Any]) -> Any:
+        """The settings object from the options' values (taken out of ``values``).
+
+        Raises:
+            ConfigError: a value the settings class refuses.
+        """
         return self.cls(**{f.name: values.pop(f.name) for f in self.fields()})
 
 

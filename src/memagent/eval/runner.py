@@ -49,7 +49,8 @@ from memagent.errors import ConfigError, DataError
 from memagent.eval.direct import DIRECT_TEMPLATE, DirectMethod, direct_template_hash  # noqa: F401 - re-exported
 from memagent.eval.folder import RunFolder
 from memagent.eval.grid import EvalConfig, MethodConfig, TaskConfig
-from memagent.runfiles import Outcome, ResultWriter, prune_trace, read_manifest, result_row, row_key, run_lock, write_trace  # noqa: F401
+from memagent.runfiles import Outcome, ResultWriter, prune_trace, result_row, run_lock, write_trace
+from memagent.runfiles import read_manifest, row_key  # noqa: F401 - re-exported (their home is memagent.runfiles)
 from memagent.types import Sample, Trajectory
 
 Log = Callable[[str], None]
