@@ -53,7 +53,10 @@ class Group:
             flags = (flags,) if isinstance(flags, str) else tuple(flags)
             default = self.defaults.get(f.name, f.default if m.get("cli_default", ...) is ... else m["cli_default"])
             low = m.get("min") if m.get("min") is not None else m.get("gt")
-            bounds = {"min": low} if low is not None else {}
+            if _base_type(hints[f.name]) is float:  # NaN and inf are refused with the setting's name, not click's range
+                bounds = {"parser": _float_option(f.name), "metavar": "FLOAT"}
+            else:
+                bounds = {"min": low} if low is not None else {}
             option = typer.Option(default, *flags, help=self.help.get(f.name, m.get("help", "")), **bounds)
             out.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option,
                                          annotation=_cli_type(hints[f.name])))
@@ -66,6 +69,27 @@ class Group:
             ConfigError: a value the settings class refuses.
         """
         return self.cls(**{f.name: values.pop(f.name) for f in self.fields()})
+
+
+def _base_type(tp: Any) -> Any:
+    """``X`` of ``X | None``; ``tp`` itself otherwise."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    return args[0] if len(args) == 1 else tp
+
+
+def _float_option(name: str) -> Callable[[Any], float]:
+    """A command-line parser for a float setting, without click's range check: click's range message for NaN
+    ("should be >= 0") would misname the fault, so the value goes to the settings class, which refuses NaN, inf
+    (:func:`memagent.configtypes.finite_number`) and values below the declared bound by the setting's name
+    (exit status 2 too)."""
+
+    def parse(text: Any) -> float:
+        try:
+            return float(text)
+        except ValueError:
+            raise typer.BadParameter(f"{name} must be a number, got {text}") from None
+
+    return parse
 
 
 def _cli_type(tp: Any) -> Any:

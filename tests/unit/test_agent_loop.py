@@ -270,3 +270,21 @@ def test_prune_trace_keeps_whole_turns_of_kept_samples_only(tmp_path):
     assert prune_trace(p, {"a"}) == 0 and p.read_text() == turn("a", 0) + "\n" + turn("a", 1) + "\n"
     assert prune_trace(tmp_path / "none.jsonl", {"a"}) == 0 and not (tmp_path / "none.jsonl").exists()
     assert sorted(x.name for x in tmp_path.iterdir()) == ["trace.jsonl"]  # no temporary file left
+
+
+def test_cjk_text_at_tiny_chunk_sizes_sends_no_empty_section():
+    """At chunk_tokens 1-2 on CJK text (3 byte tokens per character) 74 of 172 update calls got an empty
+    section before chunks were kept non-empty (issue 17, item 10)."""
+    import re
+
+    from memagent.backends.scripted import ScriptedBackend
+
+    doc = "記憶は文書を一節ずつ読む。" * 4
+    for size in (1, 2):
+        backend = ScriptedBackend()
+        agent = MemoryAgent(backend, AgentConfig(chunk_tokens=size, memory_tokens=64, final_tokens=16, batch_size=1))
+        traj = agent.run([Sample("cjk", "何を読む?", doc)])[0]
+        sections = [re.search(r"<section>\n(.*?)\n</section>", r.messages[-1].content, re.S).group(1)
+                    for call in backend.calls for r in call if "<section>" in r.messages[-1].content]
+        assert len(sections) == len(doc) and all(sections) and "".join(sections) == doc
+        assert traj.ok and len(traj.turns) == len(doc) + 1

@@ -15,7 +15,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from memagent.configtypes import check_bounds, coerce_fields, setting
+from memagent.configtypes import check_bounds, check_sampling, coerce_fields, setting
 from memagent.errors import ConfigError
 
 
@@ -63,8 +63,7 @@ class AgentConfig:
         coerce_fields(self)
         if self.max_context_tokens is not None and self.max_context_tokens < 2:
             raise ConfigError(f"max_context_tokens must be >= 2 or None, got {self.max_context_tokens}")
-        if self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise ConfigError(f"need temperature >= 0 and 0 < top_p <= 1, got {self.temperature}, {self.top_p}")
+        check_sampling(self.temperature, self.top_p)
         check_bounds(self)
 
     def prediction_settings(self) -> dict[str, Any]:

@@ -39,7 +39,7 @@ from memagent.backends.base import DEFAULT_CHAT_OVERHEAD_TOKENS, Backend
 from memagent.chunking import chunk_document
 from memagent.errors import BackendError, ConfigError
 from memagent.runfiles.trace import prune_trace, trace_rows, write_trace  # noqa: F401 - moved there; older imports
-from memagent.tokenization import Tokenizer, count_tokens
+from memagent.tokenization import Tokenizer, count_tokens, lone_surrogate
 from memagent.types import Chunk, Completion, Message, Request, Sample, Trajectory, Turn
 
 
@@ -115,8 +115,10 @@ class MemoryAgent:
         """Check that both calls for ``question`` fit the backend's context window.
 
         Raises:
-            ConfigError: naming the call, every term of the sum, and the setting to change.
+            ConfigError: naming the call, every term of the sum, and the setting to change; or the question holds
+                a lone surrogate code point, which no tokenizer can encode.
         """
+        _refuse_lone_surrogate(question, f"sample {sample_id}: the question")
         window = self.backend.context_tokens
         if window is None:
             return
@@ -234,7 +236,7 @@ class MemoryAgent:
 
         Raises:
             ConfigError: an item is not a :class:`Sample`, a question or document is not a string, a question is
-                empty, or a sample's calls cannot fit the context window (checked for all samples before the
+                empty, a question or document holds a lone surrogate code point, or a sample's calls cannot fit the context window (checked for all samples before the
                 first call).
             BackendError: only with ``strict=True``, on the first failed request.
         """
@@ -248,6 +250,7 @@ class MemoryAgent:
                                   f"{type(s.question).__name__} and {type(s.context).__name__}")
             if not s.question.strip():
                 raise ConfigError(f"sample {s.id}: the question is empty")
+            _refuse_lone_surrogate(s.context, f"sample {s.id}: the document")
             self.check_budget(s.question, s.id)
         bars = _Bars(len(samples)) if progress else None
         run = self._run_lockstep if getattr(self.backend, "batched", True) else self._run_pipelined
@@ -332,6 +335,12 @@ class MemoryAgent:
     def answer(self, question: str, document: str, sample_id: str = "0", **kwargs) -> Trajectory:
         """Answer one question over one document (see :meth:`run` for keyword arguments)."""
         return self.run([Sample(sample_id, question, document)], **kwargs)[0]
+
+
+def _refuse_lone_surrogate(text: str, what: str) -> None:
+    if (at := lone_surrogate(text)) is not None:
+        raise ConfigError(f"{what} holds a lone surrogate U+{ord(text[at]):04X} at character {at}, which no "
+                          "tokenizer can encode; remove it")
 
 
 def _with_seconds(c: Completion, seconds: float) -> Completion:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from memagent.configtypes import setting
+from memagent.configtypes import check_bounds, coerce_fields, setting
 from memagent.errors import ConfigError
 
 #: The context window assumed when ``--n-ctx`` is not given (SmolLM2's training context), except for hf and
@@ -39,6 +39,10 @@ class BackendOptions:
     timeout: float | None = setting(None, "openai: seconds per request attempt (default 600)", min=0.1)
     max_retries: int | None = setting(None, "openai: retries after a failed attempt (429/5xx, connection errors, "
                                       "timeouts; default 4)", min=0)
+
+    def __post_init__(self):
+        coerce_fields(self)  # a float must be finite (NaN passes any range check)
+        check_bounds(self)
 
     def settings(self) -> dict[str, Any]:
         """The backend's settings (``name`` + constructor keywords, JSON-ready): what an eval grid records.

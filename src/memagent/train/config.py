@@ -19,7 +19,7 @@ from typing import Any, Literal
 import yaml
 
 from memagent.agent.config import AgentConfig, sampling_defaults
-from memagent.configtypes import build_flat, flat, flat_dict, flat_names
+from memagent.configtypes import build_flat, check_sampling, flat, flat_dict, flat_names
 from memagent.errors import ConfigError, closest
 from memagent.rl.kl import KLType
 from memagent.rl.losses import AggMode
@@ -203,6 +203,8 @@ class TrainConfig:
 
     def __post_init__(self):
         rl, loss, o, r, agent = self.rl, self.rl.loss, self.optim, self.run, self.agent.rollout
+        # the rollouts' temperature and top-p are checked by AgentConfig; NaN passes any range check below
+        check_sampling(self.agent.val_temperature, self.agent.val_top_p, ("agent.val_temperature", "agent.val_top_p"))
         checks = [
             (rl.group_size >= 1, "rl.group_size must be >= 1"),
             (rl.prompts_per_step >= 1, "rl.prompts_per_step must be >= 1"),
@@ -234,8 +236,6 @@ class TrainConfig:
              "of accelerator memory)"),
             (agent.temperature > 0, "agent.temperature must be > 0: rollouts sample (G rollouts at temperature 0 "
              "would be identical), and the training log-probabilities are taken at this temperature"),
-            (self.agent.val_temperature >= 0 and 0 < self.agent.val_top_p <= 1,
-             "need agent.val_temperature >= 0 (0 = greedy) and 0 < agent.val_top_p <= 1"),
             (self.data.synthetic is not None or self.data.train_path, "set data.train_path or data.synthetic"),
             (self.data.train_path or self.data.synthetic_train_size >= 1, "data.synthetic_train_size must be >= 1"),
             (all(m >= 1 for m in self.data.val_context_multipliers),

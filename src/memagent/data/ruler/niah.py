@@ -95,6 +95,7 @@ def build_niah(
     seed: int = 42,
     haystack: str | None = None,
     data_root: str | None = None,
+    start_word: int = 0,
 ) -> Sample:
     """One NIAH sample whose RULER input fits ``length - 128`` tokens.
 
@@ -106,6 +107,8 @@ def build_niah(
         seed: base seed.
         haystack: replace an ``essay`` haystack by ``gutenberg`` (prose tasks only).
         data_root: explicit data root for the essays.
+        start_word: prose haystacks: begin at this word of the text instead of its first (training data draws it
+            at random, :mod:`memagent.data.ruler.train`; evaluation keeps RULER's 0); wraps around the text.
 
     Raises:
         DataError: unknown task, or the length is too small for the needles.
@@ -127,15 +130,8 @@ def build_niah(
     kind = cfg.haystack if cfg.haystack != "essay" or haystack is None else haystack
 
     if kind in ("essay", "gutenberg"):
-        costs = prose_costs(kind, tokenizer, data_root)
-        depths = sorted(rng.sample(DEPTHS, len(needles)))
-
-        def build(n: int):
-            sents = split_sentences(" ".join(costs.words[:n]))
-            ctx = " ".join(insert_at_fractions(sents, needles, [d / 100 for d in depths]))
-            return ctx, f"{pre}\n{ctx}\n{qline}"
-
-        fitted = fit_length(build, lambda n: float(costs.prefix_tokens[min(n, len(costs.words))]), len(costs.words), budget, tokenizer)
+        fitted = _fit_prose(kind, needles, sorted(rng.sample(DEPTHS, len(needles))), start_word, pre, qline, budget,
+                            tokenizer, data_root)
     else:
         fractions = [rng.random() for _ in needles]
         if kind == "noise":
@@ -157,3 +153,25 @@ def build_niah(
         fitted = fit_length(build, prefix, max_units, budget, tokenizer, min_units=0)
     prompt = RulerPrompt(f"{pre}\n{qline}", pre + "\n", str(fitted.value), "\n" + qline, answers, ans_prefix)
     return to_sample(task, length, index, prompt, fitted.tokens, tokenizer, seed, "niah", haystack=kind, haystack_units=fitted.n)
+
+
+def _fit_prose(kind: str, needles: list[str], depths: list[int], start_word: int, pre: str, qline: str, budget: int,
+               tokenizer: Tokenizer, data_root: str | None):
+    """Fit a prose haystack (essays or Gutenberg, from word ``start_word`` on, wrapping around the text) with the
+    needles at ``depths`` (percent) to ``budget`` tokens (:func:`fit_length`)."""
+    costs = prose_costs(kind, tokenizer, data_root)
+    start = start_word % len(costs.words)
+    words = costs.words[start:] + costs.words[:start] if start else costs.words
+    base = float(costs.prefix_tokens[start])
+
+    def build(n: int):
+        sents = split_sentences(" ".join(words[:n]))
+        ctx = " ".join(insert_at_fractions(sents, needles, [d / 100 for d in depths]))
+        return ctx, f"{pre}\n{ctx}\n{qline}"
+
+    def estimate(n: int) -> float:  # tokens of words[:n], from the whole text's prefix sums (wrapping once)
+        end = start + min(n, len(words))
+        total = float(costs.prefix_tokens[-1])
+        return (float(costs.prefix_tokens[end]) if end <= len(words) else total + float(costs.prefix_tokens[end - len(words)])) - base
+
+    return fit_length(build, estimate, len(words), budget, tokenizer)
