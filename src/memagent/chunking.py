@@ -50,11 +50,33 @@ def chunk_text(text: str, tokenizer: Tokenizer, chunk_tokens: int) -> list[Chunk
     return chunk_offsets(text, ids, bounds, chunk_tokens)
 
 
+def center_truncate_ranges(text: str, tokenizer: Tokenizer, max_tokens: int | None) -> tuple[tuple[tuple[int, int], ...], int]:
+    """The character ranges of ``text`` that center truncation keeps (see :func:`center_truncate`).
+
+    Returns:
+        ``(ranges, num_tokens)``: ``((0, len(text)),)`` when nothing is cut, else ``((0, head_end), (tail_start,
+        len(text)))``; and the original-token count after cutting.
+
+    Raises:
+        ConfigError: ``max_tokens`` < 2.
+    """
+    ids, bounds = tokenizer.encode_with_offsets(text)
+    n = len(ids)
+    if max_tokens is None or n <= max_tokens:
+        return ((0, len(text)),), n
+    if max_tokens < 2:
+        raise ConfigError(f"max_context_tokens must be >= 2 to keep a head and a tail, got {max_tokens}")
+    tail = max_tokens // 2
+    head = max_tokens - tail
+    return ((0, bounds[head]), (bounds[n - tail], len(text))), max_tokens
+
+
 def center_truncate(text: str, tokenizer: Tokenizer, max_tokens: int | None) -> tuple[str, int]:
     """Keep the first and last ``max_tokens // 2`` tokens of ``text`` (reference "center truncation").
 
     The head keeps ``max_tokens - max_tokens // 2`` tokens, so an odd budget is used in full. Cuts are made
-    at character boundaries of the tokens, so the result is a prefix plus a suffix of ``text``.
+    at character boundaries of the tokens, so the result is a prefix plus a suffix of ``text``
+    (:func:`center_truncate_ranges` gives their ranges).
 
     Args:
         text: the document.
@@ -69,12 +91,25 @@ def center_truncate(text: str, tokenizer: Tokenizer, max_tokens: int | None) -> 
 
     Source: reference doc section 1.7 (first half + last half of the token sequence).
     """
-    ids, bounds = tokenizer.encode_with_offsets(text)
-    n = len(ids)
-    if max_tokens is None or n <= max_tokens:
-        return text, n
-    if max_tokens < 2:
-        raise ConfigError(f"max_context_tokens must be >= 2 to keep a head and a tail, got {max_tokens}")
-    tail = max_tokens // 2
-    head = max_tokens - tail
-    return text[: bounds[head]] + text[bounds[n - tail] :], max_tokens
+    ranges, n = center_truncate_ranges(text, tokenizer, max_tokens)
+    return "".join(text[a:b] for a, b in ranges), n
+
+
+def source_ranges(kept: Sequence[tuple[int, int]], start: int, end: int) -> tuple[tuple[int, int], ...]:
+    """Map ``[start, end)`` of a truncated text back to the original text.
+
+    Args:
+        kept: the ranges of the original text that the truncated text is made of, in order (as returned by
+            :func:`center_truncate_ranges`).
+        start, end: a character range of the truncated text.
+
+    Returns:
+        The ranges of the original text it covers (two where it spans a cut; none for an empty range).
+    """
+    out, offset = [], 0
+    for a, b in kept:
+        lo, hi = max(start, offset), min(end, offset + b - a)
+        if lo < hi:
+            out.append((a + lo - offset, a + hi - offset))
+        offset += b - a
+    return tuple(out)

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, fields
 
 from memagent.answers import extract_answer, strip_reasoning
 from memagent.backends.base import DEFAULT_CHAT_OVERHEAD_TOKENS, Backend
-from memagent.chunking import center_truncate, chunk_text
+from memagent.chunking import center_truncate_ranges, chunk_text, source_ranges
 from memagent.configtypes import coerce
 from memagent.errors import BackendError, ConfigError
 from memagent.agent.prompts import DEFAULT_TEMPLATES, PromptTemplates
@@ -96,6 +96,7 @@ class _State:
     sample: Sample
     chunks: list[Chunk]
     document_tokens: int
+    kept: tuple[tuple[int, int], ...] = ()  # ranges of the sample's context the agent reads (center truncation)
     next_chunk: int = 0
     memory: str = ""
     turns: list[Turn] = field(default_factory=list)
@@ -203,9 +204,10 @@ class MemoryAgent:
 
     # ------------------------------------------------------------------------------------------ loop
     def _prepare(self, sample: Sample) -> _State:
-        text, n = center_truncate(sample.context, self.tokenizer, self.config.max_context_tokens)
+        kept, n = center_truncate_ranges(sample.context, self.tokenizer, self.config.max_context_tokens)
+        text = "".join(sample.context[a:b] for a, b in kept)
         chunks = chunk_text(text, self.tokenizer, self.config.chunk_tokens)
-        return _State(sample, chunks, n)
+        return _State(sample, chunks, n, kept)
 
     def _seed(self, sample_id: str, turn: int) -> int | None:
         if self.config.seed is None:
@@ -239,6 +241,7 @@ class MemoryAgent:
             finish_reason=comp.finish_reason,
             seconds=comp.seconds,
             chunk_chars=(chunk.start_char, chunk.end_char) if chunk is not None else None,
+            context_chars=source_ranges(st.kept, chunk.start_char, chunk.end_char) if chunk is not None else None,
             prompt_token_ids=comp.prompt_token_ids,
             response_token_ids=comp.token_ids,
         )
@@ -409,8 +412,9 @@ class _Bars:
 
 
 def trace_rows(trajectory: Trajectory) -> list[dict]:
-    """One JSON-ready row per turn: sample id, turn number, kind, chunk index and character range, prompt and
-    completion tokens, memory text, output, finish reason, seconds."""
+    """One JSON-ready row per turn: sample id, turn number, kind, chunk index, its character range in the document
+    read (``chunk_chars``) and in the sample's context (``context_chars``), prompt and completion tokens, memory
+    text, output, finish reason, seconds."""
     return [{"sample_id": trajectory.sample_id, "turn": i, **t.to_dict()} for i, t in enumerate(trajectory.turns)]
 
 
