@@ -255,17 +255,23 @@ def test_run_folder_report_and_missing_traces(tmp_path):
     ev = [u for u in drop["timeline"] if u["evidence"]]
     assert len(ev) == 1 and ev[0]["holds"] == [drop["gold"][0]] and ev[0]["chunk"] == drop["targets"][0]["captured_at"]
 
-    # without the tokenizer the direct prompt's cut is unknown; without traces the memory is: n/a, never 0
+    # without traces the memory is unknown: n/a, never 0
     import shutil
 
     shutil.rmtree(run / "traces")
-    write_report([run], out_dir=tmp_path / "again")
+    write_report([run], out_dir=tmp_path / "again")  # no tokenizer given: the manifest's ("bytes") is loaded
     rows = _csv(tmp_path / "again" / "summary.csv")
     m, d = rows["memagent"], rows["direct"]
     assert (m["captured_pct"], m["retained_pct"], m["cap_hit_pct"], m["n_updates"]) == ("", "", "", "0")
     assert (m["n_correct"], m["n_unmeasured"], m["read_pct"]) == ("1", "3", "100.0")  # read: nothing truncated
-    assert (d["read_pct"], d["n_unmeasured"]) == ("", "3")
-    assert rows["truncated"]["read_pct"] == ""  # truncated, no trace and no tokenizer: unknown
+    assert (d["read_pct"], rows["truncated"]["read_pct"], rows["truncated"]["n_not_read"]) == ("50.0", "50.0", "2")
+    # a tokenizer that cannot be loaded here: where truncation cut is unknown too
+    manifest = json.loads((run / "manifest.json").read_text())
+    (run / "manifest.json").write_text(json.dumps({**manifest, "tokenizer": "elsewhere.gguf"}))
+    write_report([run], out_dir=tmp_path / "third", plot=False)
+    rows = _csv(tmp_path / "third" / "summary.csv")
+    assert (rows["direct"]["read_pct"], rows["direct"]["n_unmeasured"]) == ("", "3")
+    assert (rows["truncated"]["read_pct"], rows["memagent"]["read_pct"]) == ("", "100.0")
 
 
 def test_validation_metrics_names(tmp_path):
@@ -301,9 +307,8 @@ def _headless(exe, tmp_path, url, *flags) -> str:
 
 def _rendered(dom: str) -> tuple[str, str]:
     """The script-rendered parts of a dumped page: the sample view and the sample list (not the script's source)."""
-    listing = dom.split('<div id="sample-list">', 1)[1].split('<div id="sample-view">', 1)[0]
-    view = dom.split('<div id="sample-view">', 1)[1].split("<script", 1)[0]
-    return view, listing
+    listing, view = re.split(r'<div id="sample-view"[^>]*>', dom.split('<div id="sample-list">', 1)[1], maxsplit=1)
+    return view.split("<script", 1)[0], listing
 
 
 def test_report_page_in_headless_chromium(tmp_path):
@@ -317,8 +322,10 @@ def test_report_page_in_headless_chromium(tmp_path):
                                    page.read_text(), re.S).group(1))["samples"]
     i = next(k for k, s in enumerate(samples) if s["method"] == "memagent" and s["sample_id"] == "drop")
     # opening a sample's link renders its view: outcome, the evidence chunk marked, the diff highlighted
-    view, listing = _rendered(_headless(exe, tmp_path, f"{page.as_uri()}#sample={i}", "--dump-dom"))
+    dom = _headless(exe, tmp_path, f"{page.as_uri()}#sample={i}", "--dump-dom")
+    view, listing = _rendered(dom)
     assert view.startswith('<div id="sample-detail" data-sample-id="drop" data-outcome="captured_then_lost">')
+    assert '<div id="sample-view" class="open">' in dom  # the view opens as a panel
     assert "captured then lost</span>" in view and f"(dropped at update {samples[i]['lost_at']})" in view
     evidence_rows = re.findall(r'<tr class="evidence" data-chunk="(\d+)">', view)
     assert evidence_rows == [str(samples[i]["targets"][0]["captured_at"])]
@@ -332,3 +339,17 @@ def test_report_page_in_headless_chromium(tmp_path):
     shot = tmp_path / "shot.png"
     _headless(exe, tmp_path, f"{page.as_uri()}#sample={i}", f"--screenshot={shot}", "--window-size=1200,900")
     assert shot.stat().st_size > 20000  # a rendered page, not a blank one
+
+
+def test_table_counts_link_to_their_samples(tmp_path):
+    from memagent.eval.report import write_report
+
+    exe = _chromium()
+    run, tok = toy_run(tmp_path)
+    write_report([run], tokenizer=tok, plot=False)
+    page = (run / "report.html").read_text()
+    assert "<a href='#outcome=not_read&amp;cell=truncated%7Ctoy%7C500' class='count'>2</a>" in page
+    _, listing = _rendered(_headless(exe, tmp_path, f"{(run / 'report.html').as_uri()}#outcome=not_read&cell=truncated%7Ctoy%7C500",
+                                     "--dump-dom"))
+    assert len(re.findall(r'<a href="#sample=\d+"', listing)) == 2
+    assert re.findall(r"truncated · toy 500 · (\w+) · score", listing) == ["blind", "drop"]  # ids in order

@@ -117,10 +117,29 @@ def _esc(x: Any) -> str:
     return html.escape(str(x), quote=True)
 
 
-def _table(heads: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def _diag_table(cells: Sequence[tuple[str, Any, CellDiagnostics | None]]) -> str:
+    """The diagnostics table; each non-zero outcome count links to the sample list filtered to that cell and
+    class (``#outcome=...&cell=...``)."""
+    heads = ["method", "task", "length", "n", "score %"] + [h for h, _, _ in DIAG_COLUMNS]
+    body = []
+    for lab, c, d in cells:
+        tds = [_esc(x) for x in (lab, c.task, c.length, c.n, f"{100 * c.mean:.1f} ± {100 * c.stderr:.1f}")]
+        cell_key = f"{lab}|{c.task}|{c.length}"
+        for (_, key, kind), text in zip(DIAG_COLUMNS, diagnostics_cells(d)):
+            if kind == "count" and text not in ("0", "n/a"):
+                q = html.escape(f"outcome={key}&cell={_url(cell_key)}", quote=True)
+                tds.append(f"<a href='#{q}' class='count'>{_esc(text)}</a>")
+            else:
+                tds.append(_esc(text))
+        body.append("<tr>" + "".join(f"<td>{t}</td>" for t in tds) + "</tr>")
     th = "".join(f"<th>{_esc(h)}</th>" for h in heads)
-    body = "".join("<tr>" + "".join(f"<td>{_esc(c)}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table class='grid'><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+    return f"<table class='grid'><thead><tr>{th}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _url(text: str) -> str:
+    from urllib.parse import quote
+
+    return quote(text, safe="")
 
 
 def render_page(title: str, provenance: Sequence[str], png: bytes | None,
@@ -134,9 +153,6 @@ def render_page(title: str, provenance: Sequence[str], png: bytes | None,
         cells: ``(series label, CellSummary, CellDiagnostics or None)`` per cell.
         samples: :func:`sample_record` dicts.
     """
-    heads = ["method", "task", "length", "n", "score %"] + [h for h, _, _ in DIAG_COLUMNS]
-    rows = [[lab, c.task, str(c.length), str(c.n), f"{100 * c.mean:.1f} ± {100 * c.stderr:.1f}"] + diagnostics_cells(d)
-            for lab, c, d in cells]
     plot = (f"<img alt='accuracy against length' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
             if png else "<p>(no plot)</p>")
     data = json.dumps({"samples": list(samples), "labels": OUTCOME_LABELS, "order": list(OUTCOMES)}, ensure_ascii=False)
@@ -151,12 +167,12 @@ def render_page(title: str, provenance: Sequence[str], png: bytes | None,
 <p class="help">read: the evidence lies in what the method saw (after truncation). captured: the memory written
 after the evidence chunk holds the answer; retained: the final memory holds it (both over the memory-agent samples
 whose evidence was read and traced). Outcome columns count samples. Memory health is per update. n/a: not
-measured (no trace, no evidence positions, or the answer is not stated literally). Definitions:
-docs/diagnostics.md.</p>
-{_table(heads, rows)}
+measured (no trace, no evidence positions, or the answer is not stated literally). A count lists its samples
+below. Definitions: docs/diagnostics.md.</p>
+{_diag_table(cells)}
 <h2 id="samples">Samples</h2>
 <div id="filters"></div>
-<div class="cols"><div id="sample-list"></div><div id="sample-view"><p class="help">Pick a sample.</p></div></div>
+<div class="cols"><div id="sample-list"></div><div id="sample-view"><p class="help">Pick a sample: its view opens on the right.</p></div></div>
 <script id="report-data" type="application/json">{data}</script>
 <script>{_JS}</script>
 </body></html>
@@ -170,10 +186,14 @@ h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.4em}
 .plot img{max-width:100%;max-height:360px}
 table.grid{border-collapse:collapse;font-size:12px}
 table.grid td,table.grid th{border:1px solid #ccc;padding:2px 5px;text-align:right}
+table.grid td{white-space:nowrap}
 table.grid td:first-child,table.grid td:nth-child(2){text-align:left}
 .cols{display:flex;gap:1em;align-items:flex-start}
 #sample-list{width:34%;max-height:80vh;overflow:auto;font-size:12px}
 #sample-view{flex:1;min-width:0}
+#sample-view.open{position:fixed;top:0;right:0;width:62%;height:100vh;overflow:auto;background:#fff;
+ border-left:2px solid #888;box-shadow:-4px 0 12px rgba(0,0,0,.15);padding:.2em 1em;box-sizing:border-box}
+#sample-view .close{float:right;font-size:13px}
 #sample-list a{display:block;padding:2px 4px;color:#222;text-decoration:none;border-bottom:1px solid #eee}
 #sample-list a.sel{background:#e8f0ff}
 .badge{display:inline-block;padding:0 5px;border-radius:3px;font-size:11px;color:#fff;margin-right:4px}
@@ -196,18 +216,24 @@ const D = JSON.parse(document.getElementById('report-data').textContent);
 const S = D.samples, L = D.labels;
 const esc = s => String(s == null ? '' : s).replace(/[&<>"']/g, c => ({'&':'&amp;','<':'&lt;','>':'&gt;','"':'&quot;',"'":'&#39;'}[c]));
 const badge = o => `<span class="badge o-${o}">${esc(L[o] || o)}</span>`;
-let filter = null;
-function params(){ const h = new URLSearchParams(location.hash.slice(1)); return {sample: h.get('sample'), outcome: h.get('outcome')}; }
+let filter = null, cellFilter = null;
+const cellOf = s => `${s.run ? s.run + '/' : ''}${s.method}|${s.task}|${s.length}`;
+const shown = s => (!filter || s.outcome === filter) && (!cellFilter || cellOf(s) === cellFilter);
+function params(){ const h = new URLSearchParams(location.hash.slice(1)); return {sample: h.get('sample'), outcome: h.get('outcome'), cell: h.get('cell')}; }
 function drawFilters(){
-  const counts = {}; S.forEach(s => counts[s.outcome] = (counts[s.outcome] || 0) + 1);
-  let h = `<button data-o="" class="${filter ? '' : 'on'}">all (${S.length})</button>`;
+  const counts = {}, inCell = S.filter(s => !cellFilter || cellOf(s) === cellFilter);
+  inCell.forEach(s => counts[s.outcome] = (counts[s.outcome] || 0) + 1);
+  let h = `<button data-o="" class="${filter ? '' : 'on'}">all (${inCell.length})</button>`;
+  if (cellFilter) h = `<button data-cell="1" class="on" title="show every cell">cell ${esc(cellFilter.replaceAll('|', ' · '))} ×</button>` + h;
   D.order.filter(o => counts[o]).forEach(o => { h += `<button data-o="${o}" class="${filter === o ? 'on' : ''}">${esc(L[o])} (${counts[o]})</button>`; });
   const f = document.getElementById('filters'); f.innerHTML = h;
-  f.querySelectorAll('button').forEach(b => b.onclick = () => { filter = b.dataset.o || null; drawFilters(); drawList(params().sample); });
+  f.querySelectorAll('button').forEach(b => b.onclick = () => {
+    if (b.dataset.cell) cellFilter = null; else filter = b.dataset.o || null;
+    drawFilters(); drawList(params().sample); });
 }
 function drawList(sel){
   let h = '';
-  S.forEach((s, i) => { if (filter && s.outcome !== filter) return;
+  S.forEach((s, i) => { if (!shown(s)) return;
     h += `<a href="#sample=${i}" id="item-${i}" class="${String(i) === sel ? 'sel' : ''}">${badge(s.outcome)}${esc(s.run ? s.run + '/' : '')}${esc(s.method)} · ${esc(s.task)} ${esc(s.length)} · ${esc(s.sample_id)} · score ${s.score.toFixed(2)}</a>`; });
   document.getElementById('sample-list').innerHTML = h || '<p class="help">no sample in this class</p>';
 }
@@ -229,10 +255,11 @@ function timelineHtml(s){
 }
 function drawView(i){
   const v = document.getElementById('sample-view'), s = S[i];
-  if (!s) { v.innerHTML = '<p class="help">Pick a sample.</p>'; return; }
+  if (!s) { v.className = ''; v.innerHTML = '<p class="help">Pick a sample.</p>'; return; }
+  v.className = 'open';
   const lost = s.outcome === 'captured_then_lost' && s.lost_at != null ? ` (dropped at update ${s.lost_at})` : '';
   v.innerHTML = `<div id="sample-detail" data-sample-id="${esc(s.sample_id)}" data-outcome="${esc(s.outcome)}">
-  <h3>${badge(s.outcome)}${esc(s.method)} · ${esc(s.task)} ${esc(s.length)} · ${esc(s.sample_id)}${lost}</h3>
+  <a class="close" href="#">× close</a><h3>${badge(s.outcome)}${esc(s.method)} · ${esc(s.task)} ${esc(s.length)} · ${esc(s.sample_id)}${lost}</h3>
   ${s.note ? `<p class="help">${esc(s.note)}</p>` : ''}
   <p><b>Question</b></p><pre class="box">${esc(s.question)}</pre>
   <p><b>Gold</b>: ${esc(s.gold.join(' | '))} &nbsp; <b>Answer</b>: ${esc(s.answer)} &nbsp; <b>score</b> ${s.score.toFixed(2)}</p>
@@ -242,7 +269,7 @@ function drawView(i){
 }
 function route(){
   const p = params();
-  if (p.outcome !== null) filter = p.outcome || null;
+  if (p.outcome !== null) { filter = p.outcome || null; cellFilter = p.cell || null; }
   drawFilters(); drawList(p.sample); drawView(p.sample == null ? -1 : Number(p.sample));
 }
 window.addEventListener('hashchange', route);

@@ -96,16 +96,33 @@ def _is_agent(row: Mapping[str, Any], method: Mapping[str, Any] | None) -> bool:
 
 
 class _Views:
-    """Kept character ranges of a context under center truncation, recomputed with a tokenizer (cached)."""
+    """Kept character ranges of a context under center truncation, recomputed with a tokenizer (cached).
 
-    def __init__(self, tokenizer):
+    Without a tokenizer given, the run's own is loaded on first need when its manifest names a loadable spec
+    (the grid's ``tokenizer:`` setting, or ``bytes``); else the view stays unknown.
+    """
+
+    def __init__(self, tokenizer, manifest: Mapping[str, Any]):
         self.tokenizer = tokenizer
+        self._spec = None if tokenizer is not None else _tokenizer_spec(manifest)
         self._cache: dict[tuple[Any, ...], Any] = {}
+
+    def _load(self):
+        if self.tokenizer is None and self._spec is not None:
+            from memagent.errors import MemagentError
+            from memagent.tokenization import load_tokenizer
+
+            spec, self._spec = self._spec, None
+            try:
+                self.tokenizer = load_tokenizer(spec)
+            except (MemagentError, OSError, ImportError):  # not loadable here: the view stays unknown (n/a)
+                self.tokenizer = None
+        return self.tokenizer
 
     def get(self, key: tuple[Any, ...], context: str, max_tokens: int | None):
         if max_tokens is None:
             return ((0, len(context)),)
-        if self.tokenizer is None:
+        if self._load() is None:
             return None
         from memagent.chunking import center_truncate_ranges
 
@@ -113,6 +130,13 @@ class _Views:
         if k not in self._cache:
             self._cache[k] = center_truncate_ranges(context, self.tokenizer, max_tokens)[0]
         return self._cache[k]
+
+
+def _tokenizer_spec(manifest: Mapping[str, Any]) -> str | None:
+    spec = (manifest.get("config") or {}).get("tokenizer")
+    if isinstance(spec, str) and spec:
+        return spec
+    return "bytes" if manifest.get("tokenizer") == "bytes" else None
 
 
 def diagnose_rows(run_dir: str | os.PathLike, rows: Sequence[Mapping[str, Any]], manifest: Mapping[str, Any],
@@ -123,7 +147,8 @@ def diagnose_rows(run_dir: str | os.PathLike, rows: Sequence[Mapping[str, Any]],
         run_dir: the run folder (traces and data are found relative to it).
         rows: its result rows (:func:`memagent.eval.metrics.read_results`).
         manifest: its ``manifest.json`` (``{}`` when there is none).
-        tokenizer: the run's tokenizer, to recompute truncation cuts the rows do not record (optional).
+        tokenizer: the run's tokenizer, to recompute truncation cuts the rows do not record (optional; default:
+            the one the manifest names, when it names a loadable spec).
 
     Raises:
         DataError: a cell's data file exists but cannot be read.
@@ -132,7 +157,7 @@ def diagnose_rows(run_dir: str | os.PathLike, rows: Sequence[Mapping[str, Any]],
     methods = _methods(manifest)
     samples: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}
     traces: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    views = _Views(tokenizer)
+    views = _Views(tokenizer, manifest)
     out = []
     for r in rows:
         cell = (str(r["task"]), int(r["length"]))
