@@ -50,6 +50,8 @@ def test_word_diff_reconstructs_both_sides():
     assert "".join(t for op, t in ops if op != "+") == old
     assert ("=", "The key is 123.\n") in ops and ("-", "Nothing else.") in ops
     assert word_diff("", "a b") == [("+", "a b")] and word_diff("same", "same") == [("=", "same")]
+    # a word stays kept when only the whitespace after it changes
+    assert word_diff("is 3144857.", "is 3144857.\n\nis 3144857.") == [("=", "is 3144857."), ("+", "\n\nis 3144857.")]
 
 
 def _ctx():
@@ -311,6 +313,7 @@ def _rendered(dom: str) -> tuple[str, str]:
     return view.split("<script", 1)[0], listing
 
 
+@pytest.mark.slow
 def test_report_page_in_headless_chromium(tmp_path):
     from memagent.eval.report import write_report
 
@@ -341,6 +344,7 @@ def test_report_page_in_headless_chromium(tmp_path):
     assert shot.stat().st_size > 20000  # a rendered page, not a blank one
 
 
+@pytest.mark.slow
 def test_table_counts_link_to_their_samples(tmp_path):
     from memagent.eval.report import write_report
 
@@ -353,3 +357,28 @@ def test_table_counts_link_to_their_samples(tmp_path):
                                      "--dump-dom"))
     assert len(re.findall(r'<a href="#sample=\d+"', listing)) == 2
     assert re.findall(r"truncated · toy 500 · (\w+) · score", listing) == ["blind", "drop"]  # ids in order
+
+
+def test_committed_example_run(tmp_path):
+    """docs/results/diag_smollm2_2k: a real run of the embedded model with traces; its diagnostics, from the
+    committed rows, traces and data, as its README states them."""
+    from memagent.eval.run_diagnostics import diagnose_run, run_cell_diagnostics
+
+    run = "docs/results/diag_smollm2_2k"
+    cells = {(c.method, c.task): c for c in run_cell_diagnostics(run)}
+    niah, vt = cells[("memagent", "niah_single_2")], cells[("memagent", "vt")]
+    assert (niah.outcomes["correct"], niah.outcomes["never_captured"], niah.captured_pct, niah.retained_pct) == (3, 1, 75.0, 75.0)
+    assert (vt.outcomes["never_captured"], vt.captured_pct, vt.cap_hit_pct, vt.unchanged_memory_pct) == (4, 0.0, 100.0, 100.0)
+    assert (niah.n_updates, niah.cap_hit_pct) == (16, 93.75)
+    failed = next(d for d in diagnose_run(run) if d.method == "memagent" and d.sample_id == "niah_single_2-2048-2")
+    assert failed.targets[0].evidence_chunks == [0] and failed.targets[0].captured is False
+    # the direct prompts' view needs the run's tokenizer (the manifest names only the GGUF file)
+    assert cells[("direct", "vt")].read_pct is None
+
+
+def test_committed_example_run_direct_view(gguf_tokenizer):
+    from memagent.eval.run_diagnostics import run_cell_diagnostics
+
+    cells = {(c.method, c.task): c for c in run_cell_diagnostics("docs/results/diag_smollm2_2k", gguf_tokenizer)}
+    assert cells[("direct", "vt")].read_pct == 100.0 and cells[("direct", "vt")].outcomes["in_view_wrong"] == 4
+    assert cells[("direct", "niah_single_2")].outcomes["correct"] == 4

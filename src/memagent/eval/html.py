@@ -64,12 +64,13 @@ def diagnostics_markdown(rows: Sequence[tuple[str, Any, CellDiagnostics | None]]
 
 
 def word_diff(old: str, new: str) -> list[tuple[str, str]]:
-    """A word-level diff of two memories (``difflib.SequenceMatcher`` over whitespace-separated tokens, the
-    whitespace kept with each word): ``[(op, text), ...]`` with ``op`` ``=`` (kept), ``+`` (added) or ``-``
+    """A word-level diff of two memories (``difflib.SequenceMatcher`` over words and the whitespace runs between
+    them, whitespace never an anchor of a match, so a word is kept even when the space after it changed):
+    ``[(op, text), ...]`` with ``op`` ``=`` (kept), ``+`` (added) or ``-``
     (removed). Joining the ``=`` and ``+`` texts gives ``new`` back; ``=`` and ``-`` give ``old``."""
-    a, b = re.findall(r"\S+\s*|\s+", old), re.findall(r"\S+\s*|\s+", new)
+    a, b = re.findall(r"\S+|\s+", old), re.findall(r"\S+|\s+", new)
     out: list[tuple[str, str]] = []
-    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(str.isspace, a, b, autojunk=False).get_opcodes():
         if tag == "equal":
             out.append(("=", "".join(b[j1:j2])))
             continue
