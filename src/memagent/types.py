@@ -155,6 +155,8 @@ class Turn:
         seconds: wall time of the call.
         chunk_chars: for an update turn, the ``[start, end)`` character range of the chunk in the document
             the agent read (after optional truncation); ``None`` for the final turn.
+        context_chars: for an update turn, the ``[start, end)`` ranges of the sample's original context that the
+            chunk covers (one range; two where it spans the center-truncation cut); ``None`` for the final turn.
         prompt_token_ids, response_token_ids: exact ids when the backend exposes them (used by training;
             not written to trace files).
     """
@@ -168,6 +170,7 @@ class Turn:
     finish_reason: FinishReason
     seconds: float
     chunk_chars: tuple[int, int] | None = None
+    context_chars: tuple[tuple[int, int], ...] | None = None
     prompt_token_ids: tuple[int, ...] | None = field(default=None, repr=False)
     response_token_ids: tuple[int, ...] | None = field(default=None, repr=False)
 

@@ -36,7 +36,7 @@ from memagent.agent.config import AgentConfig
 from memagent.agent.prompts import DEFAULT_TEMPLATES, PromptTemplates
 from memagent.answers import extract_answer, strip_reasoning
 from memagent.backends.base import DEFAULT_CHAT_OVERHEAD_TOKENS, Backend
-from memagent.chunking import chunk_document
+from memagent.chunking import chunk_document, source_ranges
 from memagent.errors import BackendError, ConfigError
 from memagent.runfiles.trace import prune_trace, trace_rows, write_trace  # noqa: F401 - moved there; older imports
 from memagent.tokenization import Tokenizer, count_tokens, lone_surrogate
@@ -50,6 +50,7 @@ class _State:
     sample: Sample
     chunks: list[Chunk]
     document_tokens: int
+    kept: tuple[tuple[int, int], ...] = ()  # ranges of the sample's context the agent reads (center truncation)
     next_chunk: int = 0
     memory: str = ""
     turns: list[Turn] = field(default_factory=list)
@@ -163,9 +164,9 @@ class MemoryAgent:
 
     # ------------------------------------------------------------------------------------------ loop
     def _prepare(self, sample: Sample) -> _State:
-        chunks, n = chunk_document(sample.context, self.tokenizer, self.config.chunk_tokens,
-                                   self.config.max_context_tokens)
-        return _State(sample, chunks, n)
+        chunks, n, kept = chunk_document(sample.context, self.tokenizer, self.config.chunk_tokens,
+                                         self.config.max_context_tokens)
+        return _State(sample, chunks, n, kept)
 
     def _seed(self, sample_id: str, turn: int) -> int | None:
         if self.config.seed is None:
@@ -199,6 +200,7 @@ class MemoryAgent:
             finish_reason=comp.finish_reason,
             seconds=comp.seconds,
             chunk_chars=(chunk.start_char, chunk.end_char) if chunk is not None else None,
+            context_chars=source_ranges(st.kept, chunk.start_char, chunk.end_char) if chunk is not None else None,
             prompt_token_ids=comp.prompt_token_ids,
             response_token_ids=comp.token_ids,
         )

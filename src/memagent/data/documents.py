@@ -17,7 +17,7 @@ import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from memagent.data.schema import render_documents
+from memagent.data.schema import document_spans, evidence_item, render_documents
 from memagent.errors import DataError
 from memagent.tokenization import Tokenizer, count_tokens
 
@@ -73,6 +73,14 @@ class DocumentContext:
     context: str
     length_tokens: int
     reused: int = 0
+
+    def evidence(self, gold: Sequence[str], kind: str) -> list[dict]:
+        """``metadata["evidence"]`` entries for the documents among ``gold``, in context order: each document's
+        text span (its ``Document i:`` header excluded) and its 1-based number ``document``."""
+        wanted = set(gold)
+        spans = document_spans(self.docs)
+        return [evidence_item(self.context, a, b, kind, document=i + 1)
+                for i, (d, (a, b)) in enumerate(zip(self.docs, spans)) if d in wanted]
 
 
 def _distractor_order(pool: DocumentPool, exclude: set[str], rng: random.Random) -> list[int]:

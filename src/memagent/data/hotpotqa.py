@@ -137,7 +137,8 @@ def build_sample(
 
     Returns:
         A Sample whose metadata holds ``task, num_docs, length_tokens, tokenizer, seed, own_positions``
-        (1-based numbers of the question's own paragraphs) and ``gold_positions`` (the supporting ones).
+        (1-based numbers of the question's own paragraphs), ``gold_positions`` (the supporting ones) and
+        ``evidence`` (the supporting paragraphs' spans, see :meth:`DocumentContext.evidence`).
 
     Raises:
         DataError: bad size arguments, or the pool is too small.
@@ -154,6 +155,7 @@ def build_sample(
         ctx = fit_documents(own, pool, target_tokens, rng, tokenizer)
     titles = [d.split("\n", 1)[0] for d in own]
     gold = sorted(p for p, t in zip(ctx.own_positions, titles) if t in record.gold_titles)
+    supporting = [d for d, t in zip(own, titles) if t in record.gold_titles]
     meta: dict[str, Any] = {
         "task": "hotpotqa",
         "source": f"{pool.name}:{record.id}",
@@ -163,6 +165,7 @@ def build_sample(
         "seed": seed,
         "own_positions": list(ctx.own_positions),
         "gold_positions": gold,
+        "evidence": ctx.evidence(supporting, "supporting_paragraph"),
     }
     if target_tokens is not None:
         meta["target_tokens"] = target_tokens

@@ -110,7 +110,7 @@ def eval_command(
                              [x.strip() for x in only_methods.split(",") if x.strip()] if only_methods is not None else None)
         typer.echo(str(results))
         if not no_report:
-            for p in write_report([cfg.output]):
+            for p in write_report([cfg.output], tokenizer=runner.tokenizer):
                 typer.echo(str(p))
         from memagent.eval.metrics import read_results
 
@@ -141,12 +141,21 @@ def report_command(
     runs: list[Path] = typer.Argument(..., help="run folders (each with results.jsonl)"),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="output folder (default: the run folder itself; required when comparing several runs)"),
     no_plot: bool = typer.Option(False, "--no-plot", help="tables only"),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="the runs' tokenizer spec (e.g. smollm2, bytes): "
+                                            "tells where center truncation cut the direct prompts, for the evidence-in-view "
+                                            "diagnostics (without it those are n/a)"),
 ):
-    """Tables (Markdown, CSV) and an accuracy-vs-length plot from result files only."""
+    """Tables (Markdown, CSV), an accuracy-vs-length plot and report.html (memory diagnostics, per-sample memory
+    timelines) from result files only."""
     from memagent.eval.report import write_report
 
     try:
-        for p in write_report(runs, out, plot=not no_plot):
+        tok = None
+        if tokenizer is not None:
+            from memagent.tokenization import load_tokenizer
+
+            tok = load_tokenizer(tokenizer)
+        for p in write_report(runs, out, plot=not no_plot, tokenizer=tok):
             typer.echo(str(p))
     except MemagentError as e:
         _fail(e)

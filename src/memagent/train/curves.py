@@ -37,11 +37,12 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
 
 
 def validation_table(rows: list[dict]) -> str:
-    """Markdown table of every validation: one line per validated step, one column per ``val/*`` metric."""
+    """Markdown table of every validation: one line per validated step, one column per ``val/*`` score and the
+    memory's capture and retention (:data:`TABLE_METRICS`; the other memory diagnostics stay in ``metrics.jsonl``)."""
     vals = [r for r in rows if any(k.startswith("val/") for k in r)]
     if not vals:
         return "(no validation rows)\n"
-    keys = sorted({k for r in vals for k in r if k.startswith("val/")})
+    keys = sorted({k for r in vals for k in r if k.startswith("val/") and k.rsplit("/", 1)[-1] in TABLE_METRICS})
     head = "| step | " + " | ".join(k[4:] for k in keys) + " |"
     rule = "|---|" + "---|" * len(keys)
     lines = [head, rule]
@@ -53,10 +54,17 @@ def validation_table(rows: list[dict]) -> str:
             ", ".join(f"`{m}`: held-out samples at {m[1:]}x" for m in mults) + " the training context length.\n")
 
 
+#: The ``val/x{m}/...`` metrics of the validation table: the trainer's scores (fractions), the error count, and the
+#: memory diagnostics' capture and retention (already percentages).
+TABLE_METRICS = ("reward", "sub_em", "boxed", "n_error", "captured_pct", "retained_pct")
+
+
 def _cell(key: str, value) -> str:
     if not isinstance(value, (int, float)):
         return ""
-    return str(int(value)) if key.endswith("/n_error") else f"{100 * value:.1f}"
+    if key.endswith("/n_error"):
+        return str(int(value))
+    return f"{value:.1f}" if key.endswith("_pct") else f"{100 * value:.1f}"
 
 
 def plot_rewards(rows: list[dict], out_png: str | os.PathLike, window: int = 5) -> None:

@@ -27,7 +27,10 @@ def validate(cfg: TrainConfig, backend, val_samples: dict[int, list], step: int)
 
     Returns:
         ``val/x{m}/reward`` (the configured reward, ``rl.reward``), ``val/x{m}/sub_em`` (on the extracted
-        answer), ``val/x{m}/boxed`` (fraction of answers in a box) and ``val/x{m}/n_error`` per ``m``.
+        answer), ``val/x{m}/boxed`` (fraction of answers in a box) and ``val/x{m}/n_error`` per ``m``; and the
+        memory diagnostics of the step's folder (:func:`memagent.eval.run_diagnostics.validation_metrics`:
+        ``val/x{m}/captured_pct``, ``retained_pct``, the outcome shares, ``cap_hit_pct``, ``memory_tokens_mean``...;
+        those not measured are left out), so a learning run shows capture and retention over steps.
 
     Raises:
         ConfigError: two multipliers give documents of one mean length, or the folder holds rows made with
@@ -35,6 +38,7 @@ def validate(cfg: TrainConfig, backend, val_samples: dict[int, list], step: int)
     """
     from memagent.data.io import write_samples
     from memagent.eval.grid import EvalConfig, MethodConfig, TaskConfig
+    from memagent.eval.run_diagnostics import validation_metrics
     from memagent.eval.runner import EvalRunner
     from memagent.runfiles import read_results
     from memagent.tokenization import count_tokens
@@ -78,4 +82,5 @@ def validate(cfg: TrainConfig, backend, val_samples: dict[int, list], step: int)
         res[f"val/x{m}/sub_em"] = sum(r["scores"]["sub_em"] for r in rs) / n
         res[f"val/x{m}/boxed"] = sum(r["extraction"] == "boxed" for r in rs) / n
         res[f"val/x{m}/n_error"] = float(sum(r["status"] == "error" for r in rs))
+    res.update(validation_metrics(out, {tokens[m]: f"val/x{m}" for m in mults}, method="policy"))
     return res
