@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from memagent.data.schema import lone_surrogate
 from memagent.errors import ConfigError, DataError
-from memagent.tokenization import Tokenizer
+from memagent.tokenization import Tokenizer, lone_surrogate
 from memagent.types import Chunk
 
 
@@ -73,11 +72,40 @@ def chunk_text(text: str, tokenizer: Tokenizer, chunk_tokens: int) -> list[Chunk
     return chunk_offsets(text, ids, bounds, chunk_tokens)
 
 
+def center_truncate_ranges(text: str, tokenizer: Tokenizer, max_tokens: int | None) -> tuple[tuple[tuple[int, int], ...], int]:
+    """The character ranges of ``text`` that center truncation keeps (see :func:`center_truncate`).
+
+    Returns:
+        ``(ranges, num_tokens)``: ``((0, len(text)),)`` when nothing is cut, else ``((0, head_end), (tail_start,
+        len(text)))``; and the original-token count after cutting.
+
+    Raises:
+        ConfigError: ``max_tokens`` < 2.
+        DataError: the text holds a lone surrogate code point.
+    """
+    _check_encodable(text)
+    _, bounds = tokenizer.encode_with_offsets(text)
+    return _kept_ranges(bounds, len(text), max_tokens)
+
+
+def _kept_ranges(bounds: Sequence[int], text_chars: int, max_tokens: int | None) -> tuple[tuple[tuple[int, int], ...], int]:
+    """:func:`center_truncate_ranges` from the token boundaries (shape ``(T + 1,)``) of a text of ``text_chars``."""
+    n = len(bounds) - 1
+    if max_tokens is None or n <= max_tokens:
+        return ((0, text_chars),), n
+    if max_tokens < 2:
+        raise ConfigError(f"max_context_tokens must be >= 2 to keep a head and a tail, got {max_tokens}")
+    tail = max_tokens // 2
+    head = max_tokens - tail
+    return ((0, bounds[head]), (bounds[n - tail], text_chars)), max_tokens
+
+
 def center_truncate(text: str, tokenizer: Tokenizer, max_tokens: int | None) -> tuple[str, int]:
     """Keep the first and last ``max_tokens // 2`` tokens of ``text`` (reference "center truncation").
 
     The head keeps ``max_tokens - max_tokens // 2`` tokens, so an odd budget is used in full. Cuts are made
-    at character boundaries of the tokens, so the result is a prefix plus a suffix of ``text``.
+    at character boundaries of the tokens, so the result is a prefix plus a suffix of ``text``
+    (:func:`center_truncate_ranges` gives their ranges).
 
     Args:
         text: the document.
@@ -93,16 +121,66 @@ def center_truncate(text: str, tokenizer: Tokenizer, max_tokens: int | None) -> 
 
     Source: reference doc section 1.7 (first half + last half of the token sequence).
     """
+    ranges, n = center_truncate_ranges(text, tokenizer, max_tokens)
+    return "".join(text[a:b] for a, b in ranges), n
+
+
+def chunk_document(text: str, tokenizer: Tokenizer, chunk_tokens: int,
+                   max_tokens: int | None = None) -> tuple[list[Chunk], int, tuple[tuple[int, int], ...]]:
+    """Center-truncate ``text`` to ``max_tokens`` and split it into chunks, tokenizing it once.
+
+    The kept head and tail keep the token ids and boundaries of the whole document (not a re-tokenisation of
+    the shortened text, which could merge differently where the two halves meet), so the chunks hold exactly
+    ``min(T, max_tokens)`` tokens and their texts join to the shortened text.
+
+    Args:
+        text: the document.
+        tokenizer: the model's tokenizer.
+        chunk_tokens: tokens per chunk (> 0).
+        max_tokens: center truncation budget in tokens (see :func:`center_truncate`); ``None`` keeps all.
+
+    Returns:
+        ``(chunks, document_tokens, kept)``: the chunks of the (possibly shortened) document, its length in
+        tokens, and the ranges of ``text`` it is made of (:func:`center_truncate_ranges`; map a chunk's
+        characters back with :func:`source_ranges`).
+
+    Raises:
+        ConfigError: ``chunk_tokens`` < 1 or ``max_tokens`` < 2.
+        DataError: the text holds a lone surrogate code point, which no tokenizer can encode.
+    """
     _check_encodable(text)
     ids, bounds = tokenizer.encode_with_offsets(text)
-    n = len(ids)
-    if max_tokens is None or n <= max_tokens:
-        return text, n
-    if max_tokens < 2:
-        raise ConfigError(f"max_context_tokens must be >= 2 to keep a head and a tail, got {max_tokens}")
-    tail = max_tokens // 2
+    kept, n_kept = _kept_ranges(bounds, len(text), max_tokens)
+    if len(kept) == 1:
+        return chunk_offsets(text, ids, bounds, chunk_tokens), n_kept, kept
+    n, tail = len(ids), max_tokens // 2
     head = max_tokens - tail
-    return text[: bounds[head]] + text[bounds[n - tail] :], max_tokens
+    cut, resume = kept[0][1], kept[1][0]
+    short = text[:cut] + text[resume:]
+    shift = resume - cut
+    short_bounds = list(bounds[: head + 1]) + [b - shift for b in bounds[n - tail + 1 :]]
+    short_bounds[-1] = len(short)
+    return chunk_offsets(short, list(ids[:head]) + list(ids[n - tail :]), short_bounds, chunk_tokens), n_kept, kept
+
+
+def source_ranges(kept: Sequence[tuple[int, int]], start: int, end: int) -> tuple[tuple[int, int], ...]:
+    """Map ``[start, end)`` of a truncated text back to the original text.
+
+    Args:
+        kept: the ranges of the original text that the truncated text is made of, in order (as returned by
+            :func:`center_truncate_ranges`).
+        start, end: a character range of the truncated text.
+
+    Returns:
+        The ranges of the original text it covers (two where it spans a cut; none for an empty range).
+    """
+    out, offset = [], 0
+    for a, b in kept:
+        lo, hi = max(start, offset), min(end, offset + b - a)
+        if lo < hi:
+            out.append((a + lo - offset, a + hi - offset))
+        offset += b - a
+    return tuple(out)
 
 
 def _check_encodable(text: str) -> None:

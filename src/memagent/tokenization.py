@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
@@ -23,6 +24,20 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from memagent.errors import ConfigError
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate(text: str) -> int | None:
+    """Offset (in characters) of the first lone surrogate code point (U+D800-U+DFFF) in ``text``, or ``None``.
+
+    Python strings can hold such code points (JSON's ``"\\ud800"`` escape without its pair decodes to one), but
+    they are not Unicode characters: no UTF-8 encoder, tokenizer or output file accepts them (the data readers, the chunker and the agent
+    refuse them with this).
+    """
+    m = _LONE_SURROGATE.search(text)
+    return m.start() if m else None
 
 
 @runtime_checkable
@@ -280,7 +295,7 @@ def load_tokenizer(spec: str) -> Tokenizer:
     if spec == "bytes":
         return ByteTokenizer()
     if spec == "smollm2":
-        from memagent.backends.models import smollm2_gguf_path
+        from memagent.embedded import smollm2_gguf_path
 
         return LlamaCppTokenizer.from_gguf(smollm2_gguf_path())
     if spec.endswith(".gguf"):

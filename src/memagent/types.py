@@ -97,6 +97,9 @@ class Request:
         temperature, top_p: sampling settings (temperature 0 means greedy).
         seed: sampling seed, when the backend supports one.
         request_id: a readable id (``<sample id>/<turn>``) used in errors and logs.
+        sampling: extra sampling settings that are off their default, by memagent's name (e.g.
+            ``{"repetition_penalty": 1.1}``); each backend maps them to its engine's names and refuses one it
+            cannot apply (:mod:`memagent.backends.sampling`).
     """
 
     messages: tuple[Message, ...]
@@ -105,6 +108,7 @@ class Request:
     top_p: float = 1.0
     seed: int | None = None
     request_id: str = ""
+    sampling: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -151,6 +155,8 @@ class Turn:
         seconds: wall time of the call.
         chunk_chars: for an update turn, the ``[start, end)`` character range of the chunk in the document
             the agent read (after optional truncation); ``None`` for the final turn.
+        context_chars: for an update turn, the ``[start, end)`` ranges of the sample's original context that the
+            chunk covers (one range; two where it spans the center-truncation cut); ``None`` for the final turn.
         prompt_token_ids, response_token_ids: exact ids when the backend exposes them (used by training;
             not written to trace files).
     """
@@ -164,6 +170,7 @@ class Turn:
     finish_reason: FinishReason
     seconds: float
     chunk_chars: tuple[int, int] | None = None
+    context_chars: tuple[tuple[int, int], ...] | None = None
     prompt_token_ids: tuple[int, ...] | None = field(default=None, repr=False)
     response_token_ids: tuple[int, ...] | None = field(default=None, repr=False)
 

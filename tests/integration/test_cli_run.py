@@ -45,8 +45,8 @@ def test_run_jsonl_in_predictions_out(tmp_path):
     r = _run("run", "--input", str(inp), "--output", str(out), "-b", "scripted", "--chunk-tokens", "100")
     assert r.exit_code == 0, r.output
     preds = [json.loads(line) for line in out.read_text().splitlines()]
-    assert sorted(p["id"] for p in preds) == ["a", "b"]
-    by_id = {p["id"]: p for p in preds}
+    assert sorted(p["sample_id"] for p in preds) == ["a", "b"]
+    by_id = {p["sample_id"]: p for p in preds}
     assert by_id["a"]["answers"] == ["two"] and by_id["a"]["turns"] == 2 and by_id["b"]["turns"] == 4
     assert by_id["a"]["answer"] == "one two" and by_id["a"]["extraction"] == "boxed"
     assert all(p["error"] is None and len(p["prompt_hash"]) == 12 for p in preds)
@@ -97,14 +97,14 @@ def test_run_exit_status_1_when_a_sample_fails(tmp_path, monkeypatch):
     import memagent.cli as cli
     from memagent.backends.scripted import ScriptedBackend
 
-    monkeypatch.setattr(cli, "build_backend",
+    monkeypatch.setattr(cli, "open_backend",
                         lambda *a, **k: (ScriptedBackend(fail=lambda r: r.request_id.startswith("b/")), None))
     inp = tmp_path / "in.jsonl"
     inp.write_text('{"id": "a", "question": "q", "context": "x"}\n{"id": "b", "question": "q", "context": "y"}\n')
     out = tmp_path / "out.jsonl"
     r = _run("run", "-i", str(inp), "-o", str(out))
     assert r.exit_code == 1
-    rows = {row["id"]: row for row in map(json.loads, out.read_text().splitlines())}
+    rows = {row["sample_id"]: row for row in map(json.loads, out.read_text().splitlines())}
     assert (rows["a"]["status"], rows["b"]["status"]) == ("ok", "error")
     assert rows["b"]["error"].startswith("b/chunk0: scripted failure")
     assert "2 samples, 1 failed" in r.output
@@ -184,23 +184,26 @@ def test_resume_keeps_finished_rows_and_runs_the_rest(tmp_path):
     r = _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted", "--resume", "--trace", str(trace))
     assert r.exit_code == 0 and "--resume: 1 samples already in" in r.output and "3 to run" in r.output
     rows = [json.loads(x) for x in out.read_text().splitlines()]
-    assert [x["id"] for x in rows] == ["s0", "s1", "s2", "s3"]  # the failed s2 row and the torn s1 row are gone
+    assert [x["sample_id"] for x in rows] == ["s0", "s1", "s2", "s3"]  # the failed s2 row and the torn s1 row are gone
     # the trace keeps s0's turns and holds each rerun sample's turns once: no stale or torn turn is left
     def timeless(lines):
         return [{k: v for k, v in json.loads(t).items() if k != "seconds"} for t in lines]
 
     assert trace.read_text().splitlines()[: len(by_id["s0"])] == by_id["s0"]
     assert timeless(trace.read_text().splitlines()) == timeless(by_id["s0"] + [t for i in ("s1", "s2", "s3") for t in by_id[i]])
-    assert [json.dumps(x) for x in rows] == [json.dumps(json.loads(x)) for x in sorted(full, key=lambda t: json.loads(t)["id"])]
+    def secondless(row):  # wall-clock seconds differ between the two runs
+        return json.dumps({k: v for k, v in row.items() if k != "seconds"})
+
+    assert [secondless(x) for x in rows] == [secondless(json.loads(x)) for x in sorted(full, key=lambda t: json.loads(t)["sample_id"])]
     assert rows[0]["settings"] == {"backend": "scripted", "chunk_tokens": 5000, "memory_tokens": 1024, "final_tokens": 1024,
                                    "max_context_tokens": None, "temperature": 0.0, "top_p": 1.0, "seed": 0,
                                    "templates": rows[0]["prompt_hash"], "tokenizer": "bytes"}
     out.write_text("\n".join(full[:2]) + "\n")
     r = _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted", "--resume", "--memory-tokens", "300")
-    assert r.exit_code == 2 and "holds rows made with other settings (memory_tokens 1024 -> 300)" in r.output, r.output
+    assert r.exit_code == 2 and "holds rows made with other settings (memory_tokens: 1024 -> 300)" in r.output, r.output
     assert out.read_text() == "\n".join(full[:2]) + "\n"  # untouched
     r = _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted", "--resume", "--tokenizer", "smollm2")
-    assert r.exit_code == 2 and "(tokenizer 'bytes' -> 'SmolLM2-135M-Instruct.Q4_1.gguf')" in r.output, r.output
+    assert r.exit_code == 2 and "(tokenizer: 'bytes' -> 'SmolLM2-135M-Instruct.Q4_1.gguf')" in r.output, r.output
     old_rows = [json.dumps({**json.loads(x), "settings": {k: v for k, v in json.loads(x)["settings"].items()
                                                           if k != "tokenizer"}}) for x in full[:2]]
     out.write_text("\n".join(old_rows) + "\n")  # rows written before the tokenizer was recorded still resume
@@ -220,18 +223,18 @@ def test_kill_between_trace_and_row_loses_no_turns(tmp_path, monkeypatch):
     want = sorted((tmp_path / "ref_trace.jsonl").read_text().splitlines(), key=lambda t: json.loads(t)["sample_id"])
     real = cli._prediction_row
 
-    def killed_at_s1(sample, traj, settings):
+    def killed_at_s1(sample, traj, *args):
         if sample.id == "s1":
             raise KeyboardInterrupt
-        return real(sample, traj, settings)
+        return real(sample, traj, *args)
 
     monkeypatch.setattr(cli, "_prediction_row", killed_at_s1)
     _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted", "--trace", str(trace))
-    assert [json.loads(x)["id"] for x in out.read_text().splitlines()] == ["s0"]
+    assert [json.loads(x)["sample_id"] for x in out.read_text().splitlines()] == ["s0"]
     assert {json.loads(x)["sample_id"] for x in trace.read_text().splitlines()} == {"s0", "s1"}
     monkeypatch.setattr(cli, "_prediction_row", real)
     assert _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted", "--trace", str(trace), "--resume").exit_code == 0
-    assert sorted(json.loads(x)["id"] for x in out.read_text().splitlines()) == ["s0", "s1", "s2"]
+    assert sorted(json.loads(x)["sample_id"] for x in out.read_text().splitlines()) == ["s0", "s1", "s2"]
 
     def timeless(lines):
         return [{k: v for k, v in json.loads(t).items() if k != "seconds"} for t in lines]
@@ -265,6 +268,6 @@ def test_single_question_with_a_failed_request_exits_1(tmp_path, monkeypatch):
     import memagent.cli as cli
     from memagent.backends.scripted import ScriptedBackend
 
-    monkeypatch.setattr(cli, "build_backend", lambda *a, **k: (ScriptedBackend(fail=lambda r: r.request_id.endswith("final")), None))
+    monkeypatch.setattr(cli, "open_backend", lambda *a, **k: (ScriptedBackend(fail=lambda r: r.request_id.endswith("final")), None))
     r = _run("run", "-q", "Q", "-d", "-", input="text")
     assert r.exit_code == 1 and "error: 0/final: scripted failure" in r.output

@@ -15,10 +15,12 @@ N_SAMPLES = 5
 
 
 def _timeless(lines):
-    """Rows without their wall-clock fields, in a stable order."""
+    """Rows without their wall-clock fields and the trace file's path (the reference run wrote another file), in a
+    stable order."""
     rows = [json.loads(x) for x in lines if x.strip()]
     for r in rows:
         r.pop("seconds", None)
+        r.pop("trace", None)
     return sorted(json.dumps(r, sort_keys=True) for r in rows)
 
 
@@ -43,7 +45,7 @@ def test_resume_after_a_kill_anywhere_gives_the_rows_of_a_whole_run(tmp_path_fac
     # A kill leaves a prefix of it: some whole samples, then part of one (turns only, or a torn line).
     stream = []
     for row in rows:
-        sid = json.loads(row)["id"]
+        sid = json.loads(row)["sample_id"]  # the one row schema of run and eval (runfiles.rows)
         stream += [("trace", t) for t in turns if json.loads(t)["sample_id"] == sid]
         if int(sid[1:]) in failed:  # this sample's request failed in the killed run: an error row
             row = json.dumps({**json.loads(row), "status": "error", "error": "killed run's failure"}) + "\n"

@@ -93,7 +93,7 @@ def test_resume_refuses_changed_settings_and_restart_refuses_old_run(tmp_path):
 
 
 def test_checkpoints_key_optimizer_state_by_name_and_old_index_layout_resumes(tmp_path):
-    from memagent.train.trainer import _optimizer_by_index
+    from memagent.train.checkpoint import optimizer_by_index as _optimizer_by_index
 
     full = _run(tmp_path / "full")
     first = _run(tmp_path / "cut", "run.stop_after_step=1")

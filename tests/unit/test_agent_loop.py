@@ -101,13 +101,15 @@ def test_trace_rows_and_file(tmp_path):
     # ByteTokenizer counts: completion = bytes of the reply; prompt = bytes of the rendered user message
     assert rows[0]["completion_tokens"] == len("note one")
     assert rows[0]["prompt_tokens"] == len(DEFAULT_TEMPLATES.render_update("q", None, "abcd").encode())
-    assert set(rows[0]) == {"sample_id", "turn", "kind", "chunk_index", "chunk_chars", "prompt_tokens",
+    assert set(rows[0]) == {"sample_id", "turn", "kind", "chunk_index", "chunk_chars", "context_chars", "prompt_tokens",
                             "completion_tokens", "memory", "output", "finish_reason", "seconds"}
     assert [r["chunk_chars"] for r in rows] == [(0, 4), (4, 7), None]
+    assert [r["context_chars"] for r in rows] == [((0, 4),), ((4, 7),), None]  # no truncation: the same ranges
     path = tmp_path / "trace.jsonl"
     write_trace(path, [traj])
     assert [json.loads(line) for line in path.read_text().splitlines()] == [
-        {**r, "chunk_chars": list(r["chunk_chars"]) if r["chunk_chars"] else None} for r in rows]
+        {**r, "chunk_chars": list(r["chunk_chars"]) if r["chunk_chars"] else None,
+         "context_chars": [list(x) for x in r["context_chars"]] if r["context_chars"] else None} for r in rows]
     assert (traj.answer, traj.extraction) == ("7", "answer_is")
 
 
@@ -172,6 +174,11 @@ def test_center_truncation_applies_before_chunking():
     sections = [r.messages[-1].content.split("<section>\n")[1].split("\n</section>")[0]
                 for call in b.calls for r in call if "<section>" in r.messages[-1].content]
     assert sections == ["012", "789"] and traj.document_tokens == 6
+    # the chunks in the read document, and where they came from in the sample's context
+    assert [t.chunk_chars for t in traj.turns[:-1]] == [(0, 3), (3, 6)]
+    assert [t.context_chars for t in traj.turns[:-1]] == [((0, 3),), ((7, 10),)]
+    traj = _agent(ScriptedBackend(), max_context_tokens=6, chunk_tokens=4).answer("q", "0123456789")
+    assert [t.context_chars for t in traj.turns[:-1]] == [((0, 3), (7, 8)), ((8, 10),)]  # "0127" spans the cut
 
 
 def test_config_validation():

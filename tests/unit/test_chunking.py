@@ -1,6 +1,6 @@
 import pytest
 
-from memagent.chunking import center_truncate, chunk_offsets, chunk_text
+from memagent.chunking import center_truncate, center_truncate_ranges, chunk_offsets, chunk_text, source_ranges
 from memagent.errors import ConfigError
 from memagent.tokenization import ByteTokenizer, HFTokenizer, char_boundaries_from_byte_lengths
 
@@ -112,6 +112,23 @@ def test_center_truncate_keeps_head_and_tail():
     assert center_truncate(text, ByteTokenizer(), 10) == (text, 10)
     with pytest.raises(ConfigError):
         center_truncate(text, ByteTokenizer(), 1)
+
+
+def test_center_truncate_ranges_and_source_ranges():
+    text = "0123456789"
+    assert center_truncate_ranges(text, ByteTokenizer(), 5) == (((0, 3), (8, 10)), 5)
+    assert center_truncate_ranges(text, ByteTokenizer(), None) == (((0, 10),), 10)
+    assert center_truncate_ranges("", ByteTokenizer(), 4) == (((0, 0),), 0)
+    kept = ((0, 3), (8, 10))  # the truncated text "01289"
+    assert source_ranges(kept, 0, 2) == ((0, 2),)
+    assert source_ranges(kept, 2, 4) == ((2, 3), (8, 9))  # "28" spans the cut
+    assert source_ranges(kept, 3, 5) == ((8, 10),)
+    assert source_ranges(kept, 4, 4) == ()
+    assert source_ranges(((0, 10),), 4, 7) == ((4, 7),)
+    # multi-byte text: ranges are in characters, and the truncated text is exactly the kept ranges joined
+    s = "äöü-abc-ßß"
+    ranges, n = center_truncate_ranges(s, ByteTokenizer(), 6)
+    assert "".join(s[a:b] for a, b in ranges) == center_truncate(s, ByteTokenizer(), 6)[0] and n == 6
 
 
 def test_chunk_tokens_must_be_positive():

@@ -61,7 +61,7 @@ def test_report_two_runs(tmp_path):
     _write_run(tmp_path / "r1", a, "base")
     _write_run(tmp_path / "r2", b, "new")
     files = write_report([tmp_path / "r1", tmp_path / "r2"], tmp_path / "out")
-    assert [f.name for f in files] == ["summary.csv", "summary.md", "accuracy.png"]
+    assert [f.name for f in files] == ["summary.csv", "summary.md", "accuracy.png", "report.html"]
     assert (tmp_path / "out" / "accuracy.png").stat().st_size > 5000
     rows = list(csv.DictReader((tmp_path / "out" / "summary.csv").read_text().splitlines()))
     assert len(rows) == 4 + 1 + 1

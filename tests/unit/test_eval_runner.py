@@ -166,14 +166,15 @@ def test_resume_drops_trace_turns_of_a_sample_killed_before_its_row(tmp_path, mo
 
 
 def test_resume_drops_a_trace_line_torn_by_a_kill(tmp_path, monkeypatch):
-    import memagent.agent.loop as loop
+    import memagent.eval.runner as loop  # the runner writes traces through memagent.runfiles
+    from memagent.runfiles import trace_rows
 
     cfg = _config(tmp_path)
     real = loop.write_trace
 
     def torn(path, trajs, append=False):  # killed in the middle of s1's second turn
         if trajs[0].sample_id == "s1":
-            first, second = (json.dumps(r) for r in loop.trace_rows(trajs[0])[:2])
+            first, second = (json.dumps(r) for r in trace_rows(trajs[0])[:2])
             with open(path, "a") as f:
                 f.write(first + "\n" + second[: len(second) // 2])
             raise Killed()
@@ -595,7 +596,7 @@ def test_grid_values_of_the_wrong_type_are_named():
         with pytest.raises(ConfigError, match=message):
             EvalConfig.from_dict({**base, **change})
     ok = EvalConfig.from_dict({**base, "temperature": 1, "methods": [{"name": "m", "templates": "p.yaml"}]}, base="/grids")
-    assert ok.temperature == 1.0 and isinstance(ok.temperature, float) and ok.methods[0].templates == "/grids/p.yaml"
+    assert ok.temperature == 1.0 and isinstance(ok.temperature, float) and ok.methods[0].agent.templates == "/grids/p.yaml"
     hotpot = EvalConfig.from_dict({**base, "tasks": [{"name": "hotpotqa", "lengths": [10], "files": {10: "h.jsonl"}}]})
     assert hotpot.tasks[0].length_unit == "docs"  # a label in documents, like built hotpotqa cells
 

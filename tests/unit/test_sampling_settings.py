@@ -55,9 +55,9 @@ def test_the_python_api_config_classes_refuse_non_finite_sampling(bad, key):
         AgentConfig(**{key: bad})
     with pytest.raises(ConfigError, match=f"^{key} must be a finite number"):
         EvalConfig(methods=(MethodConfig("m"),), tasks=(TaskConfig("vt", (1024,)),), **{key: bad})
-    for train_key in (key, f"val_{key}"):
-        with pytest.raises(ConfigError, match=f"^agent.{train_key} must be a finite number"):
-            TrainConfig(agent=AgentSettings(**{train_key: bad}))
+    # the rollouts' settings are an AgentConfig (checked above); validation's own pair is checked by TrainConfig
+    with pytest.raises(ConfigError, match=f"^agent.val_{key} must be a finite number"):
+        TrainConfig(agent=AgentSettings(**{f"val_{key}": bad}))
 
 
 @pytest.mark.parametrize("value", [".nan", ".inf", "-.inf", "nan"])
@@ -119,3 +119,30 @@ def test_the_command_line_exits_2_before_any_call(flag, value, tmp_path):
                                  "-o", str(tmp_path / "o"), flag, value])
     assert r.exit_code == 2 and f"{key} must be a finite number" in r.output, r.output
     assert not (tmp_path / "o" / "results.jsonl").exists()
+
+
+@pytest.mark.parametrize("flag,value,message", [
+    ("--temperature", "-1", "temperature must be >= 0 (0 = greedy), got -1.0"),
+    ("--timeout", "nan", "timeout must be a finite number, got nan"),
+    ("--timeout", "0.01", "timeout must be >= 0.1, got 0.01"),
+    ("--repetition-penalty", "0", "repetition_penalty must be > 0.0, got 0.0"),
+    ("--repetition-penalty", "inf", "repetition_penalty must be a finite number, got inf"),
+])
+def test_a_float_option_is_checked_by_its_settings_class_naming_the_setting(flag, value, message):
+    """Float options skip click's range check (its message for NaN would be "should be >= 0"): the settings
+    class refuses NaN, inf and values below the declared bound, by name, with exit status 2."""
+    from memagent.cli import app
+
+    r = CliRunner().invoke(app, ["run", "-q", "Q", "-d", "-", "-b", "scripted", flag, value], input="doc")
+    assert r.exit_code == 2 and f"error: {message}" in r.output, r.output
+
+
+@pytest.mark.parametrize("bad", BAD)
+def test_a_non_finite_extra_sampling_setting_is_refused_before_any_request_runs(bad):
+    """``Request.sampling`` values follow the same rule as temperature and top-p (a hand-built request)."""
+    scripted = ScriptedBackend()
+    ok = _req(rid="a/0")
+    nan = Request((Message("user", "hi"),), 4, request_id="b/1", sampling={"repetition_penalty": bad})
+    with pytest.raises(ConfigError, match=r"^request 'b/1': repetition_penalty must be a finite number"):
+        scripted.generate([ok, nan])
+    assert scripted.calls == []

@@ -9,18 +9,18 @@ from memagent.train.config import TrainConfig, apply_overrides, config_to_dict, 
 
 def test_reference_preset_states_reference_values():
     c = load_config("configs/train_reference_7b.yaml")
-    assert (c.agent.chunk_tokens, c.agent.memory_tokens, c.rl.group_size) == (5000, 1024, 16)
+    assert (c.agent.rollout.chunk_tokens, c.agent.rollout.memory_tokens, c.rl.group_size) == (5000, 1024, 16)
     assert (c.rl.prompts_per_step, c.rl.mini_batches) == (128, 16)
     assert (c.optim.lr, c.optim.warmup_steps, c.optim.schedule) == (1e-6, 20, "constant")
-    assert (c.rl.clip_low, c.rl.clip_high, c.rl.dual_clip) == (0.2, 0.2, 3.0)
-    assert (c.rl.kl_type, c.rl.kl_coef, c.rl.agg_mode, c.rl.normalize_std) == ("k3", 0.001, "token-mean", False)
+    assert (c.rl.loss.clip_low, c.rl.loss.clip_high, c.rl.loss.dual_clip) == (0.2, 0.2, 3.0)
+    assert (c.rl.loss.kl_type, c.rl.loss.kl_coef, c.rl.loss.agg_mode, c.rl.normalize_std) == ("k3", 0.001, "token-mean", False)
     assert (c.optim.grad_clip, c.optim.weight_decay, c.optim.betas) == (1.0, 0.01, (0.9, 0.999))
 
 
 def test_overrides_and_types():
     c = load_config("configs/train_cpu_small.yaml", ["rl.group_size=8", "optim.lr=3e-5", "rl.dual_clip=null",
                                                      "data.val_context_multipliers=[1, 2]"])
-    assert c.rl.group_size == 8 and c.optim.lr == 3e-5 and c.rl.dual_clip is None
+    assert c.rl.group_size == 8 and c.optim.lr == 3e-5 and c.rl.loss.dual_clip is None
     assert c.data.val_context_multipliers == (1, 2)
     assert isinstance(c, TrainConfig)
     json.dumps(config_to_dict(c))
@@ -47,14 +47,15 @@ def test_overrides_and_types():
     (["data.synthetic_context_words=-5"], "data.synthetic_context_words must be >= 1"),
     (["data.val_size=0"], "need data.val_size >= 1 and data.synthetic_val_size >= 1 .to skip validation"),
     (["data.val_context_multipliers=[]"], "val_context_multipliers needs at least one entry"),
-    (["agent.batch_size=0"], "need agent.chunk_tokens, agent.memory_tokens, agent.final_tokens and agent.batch_size >= 1"),
-    (["agent.chunk_tokens=0"], "need agent.chunk_tokens, agent.memory_tokens"),
+    (["agent.batch_size=0"], "agent: batch_size must be >= 1, got 0"),
+    (["agent.chunk_tokens=0"], "agent: chunk_tokens must be >= 1, got 0"),
     (["agent.temperature=0"], "agent.temperature must be > 0: rollouts sample"),
-    (["agent.temperature=-1"], "agent.temperature must be > 0"),
-    (["agent.top_p=0"], r"need 0 < agent.top_p <= 1"),
-    (["agent.val_temperature=-0.5"], r"need agent.val_temperature >= 0"),
-    (["agent.val_top_p=1.5"], r"0 < agent.val_top_p <= 1"),
-    (["agent.max_context_tokens=1"], "agent.max_context_tokens must be >= 2 or null"),
+    (["agent.temperature=-1"], r"agent: temperature must be >= 0 \(0 = greedy\), got -1.0"),
+    (["agent.top_p=0"], r"agent: top_p must be in \(0, 1\], got 0.0"),
+    (["agent.seed=3"], "unknown config key agent.seed"),
+    (["agent.val_temperature=-0.5"], r"agent.val_temperature must be >= 0 \(0 = greedy\), got -0.5"),
+    (["agent.val_top_p=1.5"], r"agent.val_top_p must be in \(0, 1\], got 1.5"),
+    (["agent.max_context_tokens=1"], "agent: max_context_tokens must be >= 2 or None"),
     (["run.keep_checkpoints=0"], "run.keep_checkpoints must be >= 1"),
     (["run.keep_checkpoints=-1"], "run.keep_checkpoints must be >= 1"),
     (["run.save_every=-1"], r"need run.save_every >= 0 and run.val_every >= 0"),
@@ -85,7 +86,7 @@ def test_bfloat16_training_at_small_lr_warns():
 
 def test_empty_training_file_is_named(tmp_path):
     from memagent.errors import DataError
-    from memagent.train.trainer import _train_data
+    from memagent.train.data import train_data as _train_data
 
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
@@ -107,14 +108,19 @@ def test_docs_list_every_option_with_its_default():
 
     text = pathlib.Path("docs/training.md").read_text(encoding="utf-8").split("## Every option", 1)[1]
     documented = dict(re.findall(r"^\| `([a-z_]+\.[a-z_]+)` \| `([^`]*)` \|", text, flags=re.M))
+    from memagent.configtypes import flat_dict
+
     cfg, hints = TrainConfig(), {}
     want = {}
     for sec in dataclasses.fields(cfg):
         part = getattr(cfg, sec.name)
-        types = typing.get_type_hints(type(part))
-        for f in dataclasses.fields(part):
-            want[f"{sec.name}.{f.name}"] = getattr(part, f.name)
-            hints[f"{sec.name}.{f.name}"] = types[f.name]
+        types = {}
+        for f in dataclasses.fields(part):  # flat-embedded settings (agent, loss) sit at the section's level
+            inner = getattr(part, f.name)
+            types.update(typing.get_type_hints(type(inner)) if f.metadata.get("flat") else {f.name: typing.get_type_hints(type(part))[f.name]})
+        for key, value in flat_dict(part).items():
+            want[f"{sec.name}.{key}"] = tuple(value) if isinstance(value, list) else value
+            hints[f"{sec.name}.{key}"] = types[key]
     assert sorted(documented) == sorted(want)
     for key, raw in documented.items():
         assert coerce(yaml.safe_load(raw), hints[key], key) == want[key], key

@@ -23,6 +23,11 @@ def test_validation_table_values():
     counted = validation_table([{"step": 3, "val/x2/sub_em": 0.25, "val/x2/n_error": 3.0}])
     assert counted.splitlines()[2] == "| 3 | 3 | 25.0 |"  # n_error is a count, not a percentage
     assert "`x2`: held-out samples at 2x the training context length" in counted
+    # validation's memory diagnostics: capture and retention shown as the percentages they are, the rest left out
+    diag = validation_table([{"step": 4, "val/x1/reward": 0.5, "val/x1/captured_pct": 62.5, "val/x1/retained_pct": 25.0,
+                              "val/x1/memory_tokens_mean": 41.0, "val/x1/never_captured_pct": 37.5}])
+    assert diag.splitlines()[:3] == ["| step | x1/captured_pct | x1/retained_pct | x1/reward |", "|---|---|---|---|",
+                                     "| 4 | 62.5 | 25.0 | 50.0 |"]
 
 
 def test_curves_from_files(tmp_path):
@@ -45,7 +50,10 @@ def test_curves_from_files(tmp_path):
 
 def test_reward_choices():
     pytest.importorskip("torch")
-    from memagent.train.trainer import _reward_fn
+    from memagent.scoring import score
+
+    def _reward_fn(name):
+        return lambda response, answers: score(name, response, answers)
 
     sub = _reward_fn("sub_em")
     assert sub("The special number is 4417093.", ["4417093"]) == 1.0  # raw-text fallback still scores

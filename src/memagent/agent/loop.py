@@ -25,68 +25,22 @@ tokens must fit the backend's context window, for the update and for the final c
 
 from __future__ import annotations
 
-import json
-import os
 import threading
 import time
-import typing
 import zlib
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
+from memagent.agent.config import AgentConfig
+from memagent.agent.prompts import DEFAULT_TEMPLATES, PromptTemplates
 from memagent.answers import extract_answer, strip_reasoning
 from memagent.backends.base import DEFAULT_CHAT_OVERHEAD_TOKENS, Backend
-from memagent.chunking import center_truncate, chunk_text
-from memagent.configtypes import check_sampling, coerce
-from memagent.data.schema import lone_surrogate
+from memagent.chunking import chunk_document, source_ranges
 from memagent.errors import BackendError, ConfigError
-from memagent.agent.prompts import DEFAULT_TEMPLATES, PromptTemplates
-from memagent.tokenization import Tokenizer, count_tokens
+from memagent.runfiles.trace import prune_trace, trace_rows, write_trace  # noqa: F401 - moved there; older imports
+from memagent.tokenization import Tokenizer, count_tokens, lone_surrogate
 from memagent.types import Chunk, Completion, Message, Request, Sample, Trajectory, Turn
-
-
-@dataclass(frozen=True)
-class AgentConfig:
-    """Settings of the memory agent. All lengths are in model tokens.
-
-    Attributes:
-        chunk_tokens: tokens of document per update call (reference: 5000).
-        memory_tokens: cap on the memory, enforced as the update call's max new tokens (reference: 1024).
-        final_tokens: cap on the final answer's new tokens (reference: 1024; the reference's sync trainer
-            wrongly used the memory cap here, bug list item 2).
-        max_context_tokens: optional center truncation of the document (first and last halves kept);
-            ``None`` reads everything (the reference eval default).
-        temperature, top_p: sampling settings (temperature 0 = greedy).
-        seed: base sampling seed; each request gets a seed derived from (seed, sample id, turn) so repeated
-            samples (RL groups) still differ. ``None``: backend default.
-        batch_size: samples advanced together (one request each per step).
-        strict: raise :class:`BackendError` on the first failed request instead of recording it.
-        slack_tokens: allowance for re-tokenising chunk and memory texts inside a prompt (a boundary can
-            merge differently than in the whole document).
-    """
-
-    chunk_tokens: int = 5000
-    memory_tokens: int = 1024
-    final_tokens: int = 1024
-    max_context_tokens: int | None = None
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
-    batch_size: int = 8
-    strict: bool = False
-    slack_tokens: int = 16
-
-    def __post_init__(self):
-        hints = typing.get_type_hints(AgentConfig)
-        for f in fields(self):
-            object.__setattr__(self, f.name, coerce(getattr(self, f.name), hints[f.name], f.name))
-        for name in ("chunk_tokens", "memory_tokens", "final_tokens", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_context_tokens is not None and self.max_context_tokens < 2:
-            raise ConfigError(f"max_context_tokens must be >= 2 or None, got {self.max_context_tokens}")
-        check_sampling(self.temperature, self.top_p)
 
 
 @dataclass
@@ -96,6 +50,7 @@ class _State:
     sample: Sample
     chunks: list[Chunk]
     document_tokens: int
+    kept: tuple[tuple[int, int], ...] = ()  # ranges of the sample's context the agent reads (center truncation)
     next_chunk: int = 0
     memory: str = ""
     turns: list[Turn] = field(default_factory=list)
@@ -112,23 +67,27 @@ class MemoryAgent:
     Args:
         backend: the chat model.
         config: budgets and sampling (:class:`AgentConfig`).
-        templates: the prompts (:data:`DEFAULT_TEMPLATES` unless a checkpoint needs other wording).
+        templates: the prompts; default the file ``config.templates`` names, else :data:`DEFAULT_TEMPLATES`.
         tokenizer: the model's tokenizer, used for chunking and budgets; default ``backend.tokenizer``.
 
     Raises:
-        ConfigError: no tokenizer is available (servers need one passed explicitly).
+        ConfigError: no tokenizer is available (servers need one passed explicitly), or the templates file
+            cannot be read.
     """
 
     def __init__(
         self,
         backend: Backend,
         config: AgentConfig | None = None,
-        templates: PromptTemplates = DEFAULT_TEMPLATES,
+        templates: PromptTemplates | None = None,
         tokenizer: Tokenizer | None = None,
     ):
         self.backend = backend
         self.config = config or AgentConfig()
+        if templates is None:
+            templates = PromptTemplates.from_file(self.config.templates) if self.config.templates else DEFAULT_TEMPLATES
         self.templates = templates
+        self._sampling = self.config.sampling_options()
         self.tokenizer = tokenizer or getattr(backend, "tokenizer", None)
         if self.tokenizer is None:
             raise ConfigError(
@@ -205,9 +164,9 @@ class MemoryAgent:
 
     # ------------------------------------------------------------------------------------------ loop
     def _prepare(self, sample: Sample) -> _State:
-        text, n = center_truncate(sample.context, self.tokenizer, self.config.max_context_tokens)
-        chunks = chunk_text(text, self.tokenizer, self.config.chunk_tokens)
-        return _State(sample, chunks, n)
+        chunks, n, kept = chunk_document(sample.context, self.tokenizer, self.config.chunk_tokens,
+                                         self.config.max_context_tokens)
+        return _State(sample, chunks, n, kept)
 
     def _seed(self, sample_id: str, turn: int) -> int | None:
         if self.config.seed is None:
@@ -223,7 +182,7 @@ class MemoryAgent:
         else:
             msgs = t.messages_final(q, st.memory)
             max_new, rid = c.final_tokens, f"{st.sample.id}/final"
-        return Request(msgs, max_new, c.temperature, c.top_p, self._seed(st.sample.id, turn), rid)
+        return Request(msgs, max_new, c.temperature, c.top_p, self._seed(st.sample.id, turn), rid, dict(self._sampling))
 
     def _apply(self, st: _State, req: Request, comp: Completion) -> Turn:
         is_update = st.next_chunk < len(st.chunks)
@@ -241,6 +200,7 @@ class MemoryAgent:
             finish_reason=comp.finish_reason,
             seconds=comp.seconds,
             chunk_chars=(chunk.start_char, chunk.end_char) if chunk is not None else None,
+            context_chars=source_ranges(st.kept, chunk.start_char, chunk.end_char) if chunk is not None else None,
             prompt_token_ids=comp.prompt_token_ids,
             response_token_ids=comp.token_ids,
         )
@@ -415,55 +375,3 @@ class _Bars:
     def close(self) -> None:
         self.turns.close()
         self.samples.close()
-
-
-def trace_rows(trajectory: Trajectory) -> list[dict]:
-    """One JSON-ready row per turn: sample id, turn number, kind, chunk index and character range, prompt and
-    completion tokens, memory text, output, finish reason, seconds."""
-    return [{"sample_id": trajectory.sample_id, "turn": i, **t.to_dict()} for i, t in enumerate(trajectory.turns)]
-
-
-def prune_trace(path: str | os.PathLike, keep: typing.Collection[str]) -> int:
-    """Before a resumed run appends to a trace file: keep only the turns of the samples in ``keep`` (the ones
-    that are not run again), dropping blank lines and lines that are not a JSON object (a line torn by a kill),
-    so each sample ends with the turns of exactly one attempt and the next append starts on a line of its own.
-    The file is rewritten through a temporary file and replaced at once, and only when something changes.
-
-    Returns:
-        the number of lines dropped (0 also when the file does not exist).
-
-    Raises:
-        OSError: the file cannot be read or replaced.
-    """
-    path = os.fspath(path)
-    if not os.path.exists(path):
-        return 0
-    tmp = path + ".tmp"
-    dropped, changed = 0, False
-    try:
-        with open(path, "rb") as src, open(tmp, "wb") as dst:
-            for line in src:
-                try:
-                    row = json.loads(line)
-                except ValueError:  # blank, or torn by a kill
-                    row = None
-                if isinstance(row, dict) and str(row.get("sample_id")) in keep:
-                    if not line.endswith(b"\n"):  # a whole turn whose newline the kill cut off
-                        line, changed = line + b"\n", True
-                    dst.write(line)
-                else:
-                    dropped += 1
-        if dropped or changed:
-            os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return dropped
-
-
-def write_trace(path: str | os.PathLike, trajectories: Sequence[Trajectory], append: bool = False) -> None:
-    """Write the per-turn trace of every trajectory as JSONL (see :func:`trace_rows`)."""
-    with open(path, "a" if append else "w", encoding="utf-8") as f:
-        for traj in trajectories:
-            for row in trace_rows(traj):
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")

@@ -74,4 +74,4 @@ def make_backend(name: str, **kwargs: Any) -> Backend:
     return factory(**kwargs)
 
 
-__all__ = ["BACKENDS", "Backend", "make_backend"]
+__all__ = ["BACKENDS", "Backend", "make_backend"]  # building from settings: memagent.backends.factory

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from memagent.configtypes import check_sampling
+from memagent.configtypes import check_sampling, finite_number
 from memagent.tokenization import Tokenizer
 from memagent.types import Completion, Message, Request
 
@@ -33,8 +33,9 @@ def check_context_tokens(value: int | None, backend: str) -> int | None:
 
 
 def check_request(request: Request) -> None:
-    """Refuse a request no backend can serve: ``max_tokens < 1``, or sampling settings outside
-    :func:`memagent.configtypes.check_sampling` (a temperature or top-p that is NaN or infinite included).
+    """Refuse a request no backend can serve: ``max_tokens < 1``, sampling settings outside
+    :func:`memagent.configtypes.check_sampling` (a temperature or top-p that is NaN or infinite included), or an
+    extra sampling setting (``Request.sampling``) that is not a finite number.
 
     Every backend calls it on every request before any of them runs, so a request built by hand through the
     Python API fails as a whole batch, at once, instead of sampling noise or failing inside a JSON encoder.
@@ -48,6 +49,8 @@ def check_request(request: Request) -> None:
     if isinstance(request.max_tokens, bool) or not isinstance(request.max_tokens, int) or request.max_tokens < 1:
         raise ConfigError(f"{where}max_tokens must be >= 1 (a whole number of tokens), got {request.max_tokens!r}")
     check_sampling(request.temperature, request.top_p, where=where)
+    for name, value in request.sampling.items():  # extra sampling settings (memagent.backends.sampling)
+        finite_number(value, f"{where}{name}")
 
 
 @runtime_checkable

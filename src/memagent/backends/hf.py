@@ -23,6 +23,7 @@ from typing import Any
 
 from memagent.backends.base import check_context_tokens, check_request
 from memagent.backends.chat import encode_pieces, messages_as_dicts, render_pieces
+from memagent.backends.sampling import engine_options
 from memagent.errors import ConfigError
 from memagent.tokenization import HFTokenizer
 from memagent.types import Completion, Message, Request, Usage
@@ -250,20 +251,21 @@ class HFBackend(ChatTokens):
         for r in requests:
             check_request(r)
         out: list[Completion | None] = [None] * len(requests)
-        todo: dict[tuple[float, float], list[tuple[int, list[int]]]] = {}
+        todo: dict[tuple, list[tuple[int, list[int]]]] = {}
+        options = [engine_options(r, "hf") for r in requests]  # refused before anything runs
         for i, r in enumerate(requests):
             ids, err = self.prompt_or_error(r, self.context_tokens)
             if err is not None:
                 out[i] = err
                 continue
-            key = (float(r.temperature), float(r.top_p) if r.temperature > 0 else 1.0)
+            key = (float(r.temperature), float(r.top_p) if r.temperature > 0 else 1.0, tuple(sorted(options[i].items())))
             todo.setdefault(key, []).append((i, ids))
-        for (temperature, top_p), items in todo.items():
+        for (temperature, top_p, extra), items in todo.items():
             for s in range(0, len(items), self.max_batch_size):
                 part = items[s : s + self.max_batch_size]
                 reqs = [requests[i] for i, _ in part]
                 try:
-                    comps = self._generate_batch(reqs, [ids for _, ids in part], temperature, top_p)
+                    comps = self._generate_batch(reqs, [ids for _, ids in part], temperature, top_p, dict(extra))
                 except Exception as e:  # noqa: BLE001 - reported per request, never raised for one batch
                     comps = [Completion("", "error", error=f"{r.request_id}: {type(e).__name__}: {e}") for r in reqs]
                 for (i, _), c in zip(part, comps):
@@ -274,7 +276,8 @@ class HFBackend(ChatTokens):
         return request_seed(self.seed, requests)
 
     def _generate_batch(
-        self, requests: Sequence[Request], prompts: list[list[int]], temperature: float, top_p: float
+        self, requests: Sequence[Request], prompts: list[list[int]], temperature: float, top_p: float,
+        extra: dict[str, Any] | None = None,
     ) -> list[Completion]:
         import torch
         from transformers import GenerationConfig
@@ -289,14 +292,15 @@ class HFBackend(ChatTokens):
             mask[b, width - len(p) :] = 1
         max_new = max(r.max_tokens for r in requests)
         sample = temperature > 0
-        # Only the request's temperature and top_p shape the distribution (what the training log-probs
-        # assume): top_k=0 turns off transformers' global default of 50, and the model's own generation
-        # config (e.g. top_k 20 and repetition_penalty 1.05 in Qwen2.5's) is set aside for the call, since
-        # generate() would fill every field left unset here from it.
+        # Only the request's temperature, top_p and extra sampling settings shape the distribution (training
+        # rollouts send no extra ones: the training log-probs assume plain temperature/top-p sampling): top_k=0
+        # turns off transformers' global default of 50, and the model's own generation config (e.g. top_k 20
+        # and repetition_penalty 1.05 in Qwen2.5's) is set aside for the call, since generate() would fill
+        # every field left unset here from it.
         cfg = GenerationConfig(
             max_new_tokens=max_new, do_sample=sample, temperature=temperature if sample else None,
             top_p=top_p if sample else None, top_k=0, eos_token_id=self.stop_ids, pad_token_id=self.pad_id,
-            bos_token_id=None,
+            bos_token_id=None, **(extra or {}),
         )
         was_training, own = self.model.training, self.model.generation_config
         self.model.eval()

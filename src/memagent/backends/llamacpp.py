@@ -23,7 +23,8 @@ from collections.abc import Sequence
 
 from memagent.backends.base import check_request
 from memagent.backends.chat import encode_pieces, messages_as_dicts, render_pieces
-from memagent.backends.models import smollm2_gguf_path
+from memagent.embedded import smollm2_gguf_path
+from memagent.backends.sampling import engine_options
 from memagent.errors import ConfigError, ContextOverflow
 from memagent.tokenization import LlamaCppTokenizer
 from memagent.types import Completion, Message, Request, Usage
@@ -172,6 +173,7 @@ class LlamaCppBackend:
             raise ConfigError(f"{self.name} is closed; create a new backend")
         for r in requests:
             check_request(r)
+            engine_options(r, "llamacpp")  # a setting llama.cpp cannot apply is refused before any request runs
         return [self._generate_one(r) for r in requests]
 
     def _generate_one(self, request: Request) -> Completion:
@@ -210,16 +212,12 @@ class LlamaCppBackend:
         llm = self._llm
         llm.reset()  # n_tokens = 0: the next eval clears the whole KV cache, so no prefix is reused
         llm.set_seed(seed)
-        # Only temperature and top-p act: top-k, min-p, typical-p and penalties are set to their no-op values.
-        tokens = llm.generate(
-            prompt_ids,
-            top_k=0,
-            top_p=request.top_p,
-            min_p=0.0,
-            typical_p=1.0,
-            temp=request.temperature,
-            repeat_penalty=1.0,
-        )
+        # Only temperature, top-p and the request's extra sampling settings act: top-k, min-p, typical-p and
+        # penalties are otherwise set to their no-op values.
+        settings = dict(top_k=0, top_p=request.top_p, min_p=0.0, typical_p=1.0, temp=request.temperature,
+                        repeat_penalty=1.0)
+        settings.update(engine_options(request, "llamacpp"))
+        tokens = llm.generate(prompt_ids, **settings)
         out: list[int] = []
         finish = "length"
         try:

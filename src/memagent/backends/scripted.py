@@ -10,6 +10,7 @@ import re
 from collections.abc import Callable, Sequence
 
 from memagent.backends.base import check_context_tokens, check_request
+from memagent.backends.sampling import engine_options
 from memagent.tokenization import ByteTokenizer, Tokenizer
 from memagent.types import Completion, Message, Request, Usage
 
@@ -73,6 +74,8 @@ class ScriptedBackend:
         for r in requests:
             check_request(r)
         self.calls.append(list(requests))
+        for r in requests:  # a fake model cannot honour extra sampling settings: refused, not silently ignored
+            engine_options(r, "scripted")
         out = []
         for r in requests:
             if self.fail is not None and self.fail(r):

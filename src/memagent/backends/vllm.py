@@ -27,6 +27,7 @@ from typing import Any
 
 from memagent.backends.base import check_context_tokens, check_request
 from memagent.backends.hf import ChatTokens, request_seed
+from memagent.backends.sampling import engine_options
 from memagent.errors import ConfigError
 from memagent.types import Completion, Request
 
@@ -150,7 +151,7 @@ class VLLMBackend(ChatTokens):
         return SamplingParams(
             n=1, temperature=0.0 if greedy else float(r.temperature), top_p=1.0 if greedy else float(r.top_p),
             top_k=0, max_tokens=r.max_tokens, seed=request_seed(self.seed, [r]), stop_token_ids=list(self.stop_ids),
-            detokenize=False,
+            detokenize=False, **engine_options(r, "vllm"),
         )
 
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
@@ -166,6 +167,8 @@ class VLLMBackend(ChatTokens):
             check_request(r)
         out: list[Completion | None] = [None] * len(requests)
         todo: list[tuple[int, list[int]]] = []
+        for r in requests:  # a setting the engine cannot apply is refused before anything runs
+            engine_options(r, "vllm")
         for i, r in enumerate(requests):
             ids, err = self.prompt_or_error(r, self.context_tokens)
             if err is not None:

@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from memagent.configtypes import parse_ints
 from memagent.errors import ConfigError, MemagentError
 from memagent.tokenization import load_tokenizer
 
@@ -18,40 +19,6 @@ TOKENIZER = typer.Option(
     help="'smollm2' (the embedded model's GGUF vocabulary), 'bytes', a .gguf file, a tokenizer.json or an HF model dir",
 )
 DATA_ROOT = typer.Option(None, "--data-root", help="data folder (default: $MEMAGENT_DATA, else ../shared/data)")
-
-
-def parse_ints(text: str | None, option: str, suffix: bool = True) -> list[int]:
-    """``"50,100"`` -> ``[50, 100]``, in order, each size once; ``K``/``M`` suffixes allowed (``8K`` = 8192 tokens, ``1M`` = 1048576)
-    unless ``suffix`` is false (numbers of documents: "8K documents" is almost surely a token length).
-
-    Raises:
-        ConfigError: an item is not a positive integer, or has a suffix where none is allowed.
-    """
-    from memagent.errors import ConfigError
-
-    if not text or not text.strip():
-        return []
-    out: list[int] = []
-    for item in text.split(","):
-        s = item.strip().lower()
-        mult = 1
-        if s[-1:] in ("k", "m") and not suffix:
-            raise ConfigError(f"{option}: {item.strip()!r}: a number of documents takes no K/M suffix (8K would mean "
-                              "8192 documents); write plain numbers like 50,100, or give token lengths instead (memagent data "
-                              "hotpotqa --tokens 8K; in an eval grid, unit: tokens)")
-        if s.endswith("k"):
-            s, mult = s[:-1], 1024
-        elif s.endswith("m"):
-            s, mult = s[:-1], 1024 * 1024
-        try:
-            v = int(s) * mult
-        except ValueError:
-            raise ConfigError(f"{option}: {item!r} is not a whole number (write sizes like 8192 or 8K, comma-separated)") from None
-        if v < 1:
-            raise ConfigError(f"{option}: sizes must be positive, got {item!r}")
-        if v not in out:  # 4K,4096 is one size
-            out.append(v)
-    return out
 
 
 def _check_out(out: Path) -> None:

@@ -17,7 +17,7 @@ import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from memagent.data.schema import render_documents
+from memagent.data.schema import document_spans, evidence_item, render_documents
 from memagent.errors import DataError
 from memagent.tokenization import Tokenizer, count_tokens
 
@@ -73,6 +73,14 @@ class DocumentContext:
     context: str
     length_tokens: int
     reused: int = 0
+
+    def evidence(self, gold: Sequence[str], kind: str) -> list[dict]:
+        """``metadata["evidence"]`` entries for the documents among ``gold``, in context order: each document's
+        text span (its ``Document i:`` header excluded) and its 1-based number ``document``."""
+        wanted = set(gold)
+        spans = document_spans(self.docs)
+        return [evidence_item(self.context, a, b, kind, document=i + 1)
+                for i, (d, (a, b)) in enumerate(zip(self.docs, spans)) if d in wanted]
 
 
 def _distractor_order(pool: DocumentPool, exclude: set[str], rng: random.Random) -> list[int]:
@@ -142,6 +150,34 @@ def draw_documents(
 FIT_LOOKAHEAD = 32
 
 
+def _add_candidates(candidates, nxt, est, target, doc_cost, chosen, docs, rng) -> tuple[int, int, int, int]:
+    """Add candidates from position ``nxt`` while they fit the estimate (each at a random position of ``docs``),
+    passing over up to ``FIT_LOOKAHEAD`` in a row that are too long. Returns ``(nxt, est, added, misses)``."""
+    added = misses = 0
+    while nxt < len(candidates) and misses < FIT_LOOKAHEAD:
+        d = candidates[nxt]
+        nxt += 1
+        if est + doc_cost(d) > target:
+            misses += 1  # too long for the room left: try the next ones
+            continue
+        est += doc_cost(d)
+        chosen.append(d)
+        docs.insert(rng.randint(0, len(docs)), d)
+        added += 1
+        misses = 0
+    return nxt, est, added, misses
+
+
+def _remove_last_added(chosen, docs, excess, doc_cost) -> int:
+    """Remove distractors, last added first, until their estimated tokens cover ``excess``; returns those tokens."""
+    removed = 0
+    while removed < excess and chosen:
+        d = chosen.pop()
+        docs.remove(d)
+        removed += doc_cost(d)
+    return removed
+
+
 def fit_documents(
     own: Sequence[str],
     pool: DocumentPool,
@@ -197,25 +233,13 @@ def fit_documents(
     shrinking = False
     for _ in range(16):
         added = misses = 0
-        while not shrinking and nxt < len(candidates) and misses < FIT_LOOKAHEAD:
-            d = candidates[nxt]
-            nxt += 1
-            if est + doc_cost(d) > target:
-                misses += 1  # too long for the room left: try the next ones
-                continue
-            est += doc_cost(d)
-            chosen.append(d)
-            docs.insert(rng.randint(0, len(docs)), d)
-            added += 1
-            misses = 0
+        if not shrinking:
+            nxt, est, added, misses = _add_candidates(candidates, nxt, est, target, doc_cost, chosen, docs, rng)
         context = render_documents(docs)
         exact = count_tokens(tokenizer, context)
         if exact > target:
-            excess, removed = exact - target, 0
-            while removed < excess and chosen:
-                d = chosen.pop()
-                docs.remove(d)
-                removed += doc_cost(d)
+            excess = exact - target
+            removed = _remove_last_added(chosen, docs, excess, doc_cost)
             if removed < excess:
                 raise DataError(f"the question's own documents alone take {exact - removed} tokens, over the budget of {target}")
             shrinking = True  # from now on only remove, so the loop cannot oscillate

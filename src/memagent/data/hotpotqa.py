@@ -137,7 +137,8 @@ def build_sample(
 
     Returns:
         A Sample whose metadata holds ``task, num_docs, length_tokens, tokenizer, seed, own_positions``
-        (1-based numbers of the question's own paragraphs) and ``gold_positions`` (the supporting ones).
+        (1-based numbers of the question's own paragraphs), ``gold_positions`` (the supporting ones) and
+        ``evidence`` (the supporting paragraphs' spans, see :meth:`DocumentContext.evidence`).
 
     Raises:
         DataError: bad size arguments, or the pool is too small.
@@ -154,6 +155,7 @@ def build_sample(
         ctx = fit_documents(own, pool, target_tokens, rng, tokenizer)
     titles = [d.split("\n", 1)[0] for d in own]
     gold = sorted(p for p, t in zip(ctx.own_positions, titles) if t in record.gold_titles)
+    supporting = [d for d, t in zip(own, titles) if t in record.gold_titles]
     meta: dict[str, Any] = {
         "task": "hotpotqa",
         "source": f"{pool.name}:{record.id}",
@@ -163,6 +165,7 @@ def build_sample(
         "seed": seed,
         "own_positions": list(ctx.own_positions),
         "gold_positions": gold,
+        "evidence": ctx.evidence(supporting, "supporting_paragraph"),
     }
     if target_tokens is not None:
         meta["target_tokens"] = target_tokens
@@ -198,6 +201,18 @@ def select_records(records: Sequence[HotpotRecord], num_samples: int, start: int
     raise DataError(f"only {len(usable)} usable HotpotQA records from position {start}, asked for {num_samples}{skipped}")
 
 
+def _check_sizes(num_docs: Sequence[int], target_tokens: Sequence[int], allow_reuse: bool, reference_format: bool) -> None:
+    """Refuse a :func:`build_hotpotqa` call without sizes, or with options that apply to document counts only."""
+    if not num_docs and not target_tokens:
+        raise DataError("give at least one size: --docs N,... or --tokens T,...")
+    if target_tokens and allow_reuse:
+        raise DataError("--allow-reuse applies to --docs sizes only; a --tokens size must fit the pool as it is "
+                        "(use a shorter length or a larger pool)")
+    if target_tokens and reference_format:
+        raise DataError("--reference-format writes the reference's eval_{N}.json, which is sized in documents: "
+                        "use it with --docs, not --tokens")
+
+
 def build_hotpotqa(
     out_dir: str | os.PathLike,
     tokenizer: Tokenizer,
@@ -225,14 +240,7 @@ def build_hotpotqa(
         DataError: no sizes, missing data, pool too small, too few usable questions; ``allow_reuse`` or
             ``reference_format`` with token sizes.
     """
-    if not num_docs and not target_tokens:
-        raise DataError("give at least one size: --docs N,... or --tokens T,...")
-    if target_tokens and allow_reuse:
-        raise DataError("--allow-reuse applies to --docs sizes only; a --tokens size must fit the pool as it is "
-                        "(use a shorter length or a larger pool)")
-    if target_tokens and reference_format:
-        raise DataError("--reference-format writes the reference's eval_{N}.json, which is sized in documents: "
-                        "use it with --docs, not --tokens")
+    _check_sizes(num_docs, target_tokens, allow_reuse, reference_format)
     src = paths.data_file(paths.HOTPOTQA_DEV if split == "dev" else paths.HOTPOTQA_TRAIN, data_root)
     records = load_hotpotqa(src)
     pool = build_pool(records, name=f"hotpotqa-{split}")

@@ -15,7 +15,10 @@ the builders always set (readers do not require them):
   input, instruction + context + question (RULER tasks, the length RULER fits);
 - ``tokenizer``: the tokenizer's name;
 - ``target_tokens`` / ``num_docs``: what the builder aimed at;
-- ``source``: where the question came from (e.g. ``hotpotqa-dev:<dev_index>``).
+- ``source``: where the question came from (e.g. ``hotpotqa-dev:<dev_index>``);
+- ``evidence``: where the answer sits in ``context`` (RULER needles, the vt chain, gold paragraphs), a list
+  of ``{start_char, end_char, text, answer?, kind?}`` (:func:`evidence_item`; docs/diagnostics.md). User data
+  may bring its own; :mod:`memagent.eval.diagnostics` reads it to find the chunk that holds the evidence.
 
 Also here: converters from the reference's own record layouts (reference doc section 3.5) and from Hugging
 Face ``datasets`` rows, each returning a Sample or raising :class:`DataError` naming where and which field.
@@ -25,27 +28,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from memagent.errors import DataError
+from memagent.tokenization import lone_surrogate  # noqa: F401 - its home is tokenization; re-exported
 from memagent.types import Sample
 
 SAMPLE_FIELDS = ("id", "question", "context", "answers", "metadata")
-
-
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def lone_surrogate(text: str) -> int | None:
-    """Offset (in characters) of the first lone surrogate code point (U+D800-U+DFFF) in ``text``, or ``None``.
-
-    Python strings can hold such code points (JSON's ``"\\ud800"`` escape without its pair decodes to one), but
-    they are not Unicode characters: no UTF-8 encoder, tokenizer or output file accepts them.
-    """
-    m = _LONE_SURROGATE.search(text)
-    return m.start() if m else None
 
 
 def check_unicode(obj: Any, where: str) -> None:
@@ -85,6 +75,44 @@ def render_documents(documents: Sequence[str]) -> str:
     Source: reference doc section 3.2 (the RULER-HotpotQA layout; RULER's qa tasks use the same).
     """
     return "\n\n".join(f"Document {i}:\n{doc}" for i, doc in enumerate(documents, 1))
+
+
+def document_spans(documents: Sequence[str]) -> list[tuple[int, int]]:
+    """The ``[start_char, end_char)`` span of each document's own text (header excluded) inside
+    ``render_documents(documents)``."""
+    spans, pos = [], 0
+    for i, doc in enumerate(documents, 1):
+        start = pos + len(f"Document {i}:\n")
+        spans.append((start, start + len(doc)))
+        pos = start + len(doc) + 2  # the blank line between documents
+    return spans
+
+
+def joined_spans(parts: Sequence[str], sep: str, indices: Sequence[int]) -> list[tuple[int, int]]:
+    """The ``[start_char, end_char)`` span of ``parts[i]`` inside ``sep.join(parts)`` for each ``i`` of
+    ``indices`` (in the order given)."""
+    starts, pos = [], 0
+    for p in parts:
+        starts.append(pos)
+        pos += len(p) + len(sep)
+    return [(starts[i], starts[i] + len(parts[i])) for i in indices]
+
+
+def evidence_item(context: str, start_char: int, end_char: int, kind: str, answer: str | None = None, **extra: Any) -> dict[str, Any]:
+    """One entry of ``metadata["evidence"]``: the span ``context[start_char:end_char]`` and its text.
+
+    Args:
+        context: the sample's context.
+        start_char, end_char: the span in characters, ``[start, end)``.
+        kind: what the span is (``needle``, ``assignment``, ``supporting_paragraph``, ``gold_paragraph``).
+        answer: the gold answer this span states, when it states one (a needle's value, a vt variable name).
+        extra: further JSON fields (e.g. ``key``, ``document``).
+    """
+    item: dict[str, Any] = {"start_char": start_char, "end_char": end_char, "text": context[start_char:end_char], "kind": kind}
+    if answer is not None:
+        item["answer"] = answer
+    item.update(extra)
+    return item
 
 
 def _need(obj: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:

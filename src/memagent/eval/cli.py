@@ -7,7 +7,12 @@ from typing import Optional
 
 import typer
 
+from memagent.configtypes import parse_ints
 from memagent.errors import MemagentError
+from memagent.options import agent_group, backend_group, with_settings
+
+#: eval's agent options: every agent setting (the memory agent's budgets; sampling and seed for the whole grid).
+EVAL_AGENT = agent_group()
 
 
 def _fail(e: Exception) -> None:
@@ -15,37 +20,32 @@ def _fail(e: Exception) -> None:
     raise typer.Exit(2)
 
 
-def _flags_config(tasks: str, lengths: str | None, methods: str, samples: int, output: Path, backend: str, model: Optional[str],
-                  n_ctx: Optional[int], chunk_tokens: int, memory_tokens: int, final_tokens: int, max_input_tokens: Optional[int],
-                  max_new_tokens: int, batch_size: int, seed: int, temperature: float, top_p: float,
-                  tokenizer: Optional[str], data_root: Optional[Path], base_url: Optional[str] = None,
-                  api_key_env: str = "OPENAI_API_KEY", concurrency: int = 8):
-    from memagent.data.cli import parse_ints
-    from memagent.errors import ConfigError
-    from memagent.eval.grid import EvalConfig
+def _flags_config(tasks: str, lengths: str | None, methods: str, samples: int, output: Path, agent, backend,
+                  max_input_tokens: Optional[int], max_new_tokens: int, data_root: Optional[Path]):
+    """The grid the command-line flags describe: the memory agent and/or the direct baseline, over the tasks.
 
+    Args:
+        agent: the agent's settings (:class:`memagent.agent.config.AgentConfig`); sampling and seed apply to the
+            whole grid, budgets to the memory agent, ``batch_size`` and extra sampling settings to both methods.
+        backend: the backend options (:class:`memagent.backends.factory.BackendOptions`).
+    """
+    from memagent.configtypes import flat_dict
+    from memagent.errors import ConfigError
+    from memagent.eval.grid import GRID_SAMPLING, EvalConfig
+
+    method_keys = [k for k in flat_dict(agent) if k not in GRID_SAMPLING]
+    agent_keys = {k: v for k, v in flat_dict(agent).items() if k in method_keys}
+    shared = {"batch_size": agent.batch_size, **agent.sampling_options()}
     method_list = []
     for m in [x.strip() for x in methods.split(",") if x.strip()]:
         if m in ("memagent", "memory_agent"):
-            method_list.append({"name": "memagent", "kind": "memory_agent", "chunk_tokens": chunk_tokens,
-                                "memory_tokens": memory_tokens, "final_tokens": final_tokens, "batch_size": batch_size})
+            method_list.append({"name": "memagent", "kind": "memory_agent", **agent_keys})
         elif m == "direct":
             method_list.append({"name": "direct", "kind": "direct", "max_input_tokens": max_input_tokens,
-                                "max_new_tokens": max_new_tokens, "batch_size": batch_size})
+                                "max_new_tokens": max_new_tokens, **shared})
         else:
             raise ConfigError(f"--methods: unknown method {m!r}; use memagent and/or direct (or a --config grid)")
-    if backend == "llamacpp":
-        backend_cfg: dict = {"name": backend, "n_ctx": n_ctx if n_ctx is not None else 8192}
-    elif backend == "hf" and n_ctx is None:  # the model's own window (max_position_embeddings)
-        backend_cfg = {"name": backend}
-    else:
-        backend_cfg = {"name": backend, "context_tokens": n_ctx if n_ctx is not None else 8192}
-    if model:
-        backend_cfg["model_path" if backend == "llamacpp" else "model"] = model
-    if backend == "openai":
-        if not base_url or not model:
-            raise ConfigError("--backend openai needs --base-url (e.g. http://127.0.0.1:8000/v1) and --model (the served name)")
-        backend_cfg.update(base_url=base_url, api_key_env=api_key_env, concurrency=concurrency)
+    backend_cfg = backend.settings()
     names = [t.strip() for t in tasks.split(",") if t.strip()]
     if "hotpotqa" in names and len(names) > 1:
         raise ConfigError(f"--tasks {tasks}: --lengths is shared by every task, but hotpotqa counts documents and the "
@@ -56,9 +56,9 @@ def _flags_config(tasks: str, lengths: str | None, methods: str, samples: int, o
     task_list = [{"name": t, "lengths": parse_ints(lengths, "--lengths", suffix=t != "hotpotqa"), "samples": samples}
                  for t in names]
     return EvalConfig.from_dict({
-        "name": output.name, "output": str(output), "seed": seed, "temperature": temperature, "top_p": top_p,
-        "backend": backend_cfg, "tokenizer": tokenizer, "data_root": None if data_root is None else str(data_root),
-        "methods": method_list, "tasks": task_list,
+        "name": output.name, "output": str(output), "seed": agent.seed, "temperature": agent.temperature,
+        "top_p": agent.top_p, "backend": backend_cfg, "tokenizer": backend.tokenizer,
+        "data_root": None if data_root is None else str(data_root), "methods": method_list, "tasks": task_list,
     }, "command line")
 
 
@@ -66,6 +66,7 @@ def _flags_config(tasks: str, lengths: str | None, methods: str, samples: int, o
 CONFIG_COMPATIBLE_FLAGS = {"config", "output", "retry_errors", "no_report", "only", "only_methods"}
 
 
+@with_settings(EVAL_AGENT, backend_group())
 def eval_command(
     ctx: typer.Context,
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML grid (configs/eval_*.yaml); then only --output, --only, --only-methods, --retry-errors and --no-report apply"),
@@ -73,28 +74,15 @@ def eval_command(
     tasks: str = typer.Option("hotpotqa", "--tasks", "-t", help="hotpotqa, or comma-separated RULER tasks (hotpotqa runs alone: its lengths count documents; a --config grid can mix them)"),
     lengths: Optional[str] = typer.Option(None, "--lengths", "-l", help="hotpotqa: numbers of documents (default 50); RULER: tokens, e.g. 8K,16K (default 8K)"),
     methods: str = typer.Option("memagent,direct", "--methods", help="memagent and/or direct"),
-    samples: int = typer.Option(16, "--samples", "-n", help="samples per (task, length)"),
-    backend: str = typer.Option("llamacpp", "--backend", "-b", help="llamacpp | openai | hf | scripted"),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="model path / name for the backend"),
-    base_url: Optional[str] = typer.Option(None, "--base-url", help="openai: server URL, e.g. http://127.0.0.1:8000/v1"),
-    api_key_env: str = typer.Option("OPENAI_API_KEY", "--api-key-env", help="openai: environment variable holding the key"),
-    concurrency: int = typer.Option(8, "--concurrency", help="openai: requests in flight at once"),
-    n_ctx: Optional[int] = typer.Option(None, "--n-ctx", help="context window in tokens (default 8192; hf: the model's own)"),
-    chunk_tokens: int = typer.Option(5000, "--chunk-tokens"),
-    memory_tokens: int = typer.Option(1024, "--memory-tokens"),
-    final_tokens: int = typer.Option(1024, "--final-tokens"),
-    max_input_tokens: Optional[int] = typer.Option(None, "--max-input-tokens", help="direct: prompt cap (default: window - answer cap)"),
-    max_new_tokens: int = typer.Option(256, "--max-new-tokens", help="direct: answer cap"),
-    batch_size: int = typer.Option(8, "--batch-size"),
-    seed: int = typer.Option(0, "--seed"),
-    temperature: float = typer.Option(0.0, "--temperature"),
-    top_p: float = typer.Option(1.0, "--top-p"),
-    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="tokenizer spec (default: the backend's)"),
-    data_root: Optional[Path] = typer.Option(None, "--data-root"),
+    samples: int = typer.Option(16, "--samples", "-n", min=1, help="samples per (task, length)"),
+    max_input_tokens: Optional[int] = typer.Option(None, "--max-input-tokens", min=1, help="direct: prompt cap (default: window - answer cap)"),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens", min=1, help="direct: answer cap"),
+    data_root: Optional[Path] = typer.Option(None, "--data-root", help="data folder (default: $MEMAGENT_DATA, else ../shared/data)"),
     retry_errors: bool = typer.Option(False, "--retry-errors", help="re-run samples whose earlier row is an error"),
     no_report: bool = typer.Option(False, "--no-report", help="skip writing summary.md/csv/png at the end"),
     only: Optional[str] = typer.Option(None, "--only", help="run only these cells now, e.g. 'vt:8K,hotpotqa' (task[:length], comma-separated); the rest stay for a later call"),
     only_methods: Optional[str] = typer.Option(None, "--only-methods", help="run only these of the grid's methods now, e.g. 'direct' (comma-separated names); the rest stay for a later call"),
+    agent_config=None, backend_options=None,
 ):
     """Evaluate methods over tasks and lengths; resumable (re-run the same command to continue)."""
     from dataclasses import replace
@@ -115,15 +103,14 @@ def eval_command(
             if output is not None:
                 cfg = replace(cfg, output=str(output))
         else:
-            cfg = _flags_config(tasks, lengths, methods, samples, output or Path("runs/eval"), backend, model, n_ctx,
-                                chunk_tokens, memory_tokens, final_tokens, max_input_tokens, max_new_tokens, batch_size,
-                                seed, temperature, top_p, tokenizer, data_root, base_url, api_key_env, concurrency)
+            cfg = _flags_config(tasks, lengths, methods, samples, output or Path("runs/eval"), agent_config,
+                                backend_options, max_input_tokens, max_new_tokens, data_root)
         runner = EvalRunner(cfg, log=lambda msg: typer.echo(msg, err=True), retry_errors=retry_errors)
         results = runner.run(_parse_only(only) if only is not None else None,
                              [x.strip() for x in only_methods.split(",") if x.strip()] if only_methods is not None else None)
         typer.echo(str(results))
         if not no_report:
-            for p in write_report([cfg.output]):
+            for p in write_report([cfg.output], tokenizer=runner.tokenizer):
                 typer.echo(str(p))
         from memagent.eval.metrics import read_results
 
@@ -139,8 +126,6 @@ def eval_command(
 
 def _parse_only(text: str) -> list[tuple[str, int | None]]:
     """``'vt:8K,hotpotqa:50'`` -> ``[("vt", 8192), ("hotpotqa", 50)]``; a bare task name means all its lengths."""
-    from memagent.data.cli import parse_ints
-
     out: list[tuple[str, int | None]] = []
     for item in filter(None, (x.strip() for x in text.split(","))):
         name, _, length = item.partition(":")
@@ -156,12 +141,21 @@ def report_command(
     runs: list[Path] = typer.Argument(..., help="run folders (each with results.jsonl)"),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="output folder (default: the run folder itself; required when comparing several runs)"),
     no_plot: bool = typer.Option(False, "--no-plot", help="tables only"),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="the runs' tokenizer spec (e.g. smollm2, bytes): "
+                                            "tells where center truncation cut the direct prompts, for the evidence-in-view "
+                                            "diagnostics (without it those are n/a)"),
 ):
-    """Tables (Markdown, CSV) and an accuracy-vs-length plot from result files only."""
+    """Tables (Markdown, CSV), an accuracy-vs-length plot and report.html (memory diagnostics, per-sample memory
+    timelines) from result files only."""
     from memagent.eval.report import write_report
 
     try:
-        for p in write_report(runs, out, plot=not no_plot):
+        tok = None
+        if tokenizer is not None:
+            from memagent.tokenization import load_tokenizer
+
+            tok = load_tokenizer(tokenizer)
+        for p in write_report(runs, out, plot=not no_plot, tokenizer=tok):
             typer.echo(str(p))
     except MemagentError as e:
         _fail(e)

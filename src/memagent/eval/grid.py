@@ -26,23 +26,36 @@ the wrong type (``samples: 2.5``, ``temperature: hot``) is an error naming the k
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
 import json
 import typing
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
+from memagent.agent.config import AgentConfig
 from memagent.agent.prompts import BUILTIN_TEMPLATES
-from memagent.configtypes import check_sampling, coerce
+from memagent.configtypes import build_flat, check_sampling, coerce, flat, flat_dict, flat_names, parse_ints
 from memagent.errors import ConfigError, closest
+from memagent.runfiles.resume import settings_hash
 
 MethodKind = Literal["memory_agent", "direct"]
 
 #: Metrics per task family; the first is the primary score ("accuracy" in reports).
 HOTPOTQA_METRICS = ("sub_em", "exact_match", "f1", "strict_boxed")
+
+
+#: Sampling settings the whole grid shares (top-level keys), not set per method.
+GRID_SAMPLING = ("temperature", "top_p", "seed")
+
+#: The keys of a method's record (its manifest entry and hash) as they were before the agent's settings were
+#: declared in one place; they are always recorded. A setting added since is recorded only when off its
+#: default, so a method configured as before keeps its hash and its run folders resume
+#: (:mod:`memagent.runfiles.resume`).
+RECORD_KEYS = ("name", "kind", "chunk_tokens", "memory_tokens", "final_tokens", "max_context_tokens", "batch_size",
+               "templates", "max_input_tokens", "max_new_tokens")
 
 
 @dataclass(frozen=True)
@@ -52,30 +65,39 @@ class MethodConfig:
     Attributes:
         name: label in results and reports.
         kind: ``memory_agent`` (MemoryAgent) or ``direct`` (whole document in one prompt).
-        chunk_tokens, memory_tokens, final_tokens, max_context_tokens, batch_size, templates: agent settings
-            (see :class:`memagent.agent.loop.AgentConfig`); ``templates`` is a YAML prompt file.
+        agent: the agent's settings (:class:`memagent.agent.config.AgentConfig`), written flat in YAML
+            (``chunk_tokens: 5000``); temperature, top-p and seed are the grid's. ``direct`` uses ``batch_size``
+            and the extra sampling settings.
         max_input_tokens: direct: the prompt is cut to this many tokens by center-truncating the document
             (default: the backend's window minus ``max_new_tokens``).
         max_new_tokens: direct: answer length cap.
+        backend: backend settings of this method, merged over the grid's ``backend:`` (e.g. another
+            ``lora_path``); part of the method's hash.
     """
 
     name: str
     kind: MethodKind = "memory_agent"
-    chunk_tokens: int = 5000
-    memory_tokens: int = 1024
-    final_tokens: int = 1024
-    max_context_tokens: int | None = None
-    batch_size: int = 8
-    templates: str | None = None
+    agent: AgentConfig = flat(AgentConfig, exclude=GRID_SAMPLING)
     max_input_tokens: int | None = None
     max_new_tokens: int = 1024
+    backend: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.kind not in ("memory_agent", "direct"):
-            raise ConfigError(f"method {self.name!r}: kind must be memory_agent or direct, got {self.kind!r}")
-        for k in ("chunk_tokens", "memory_tokens", "final_tokens", "batch_size", "max_new_tokens"):
-            if getattr(self, k) < 1:
-                raise ConfigError(f"method {self.name!r}: {k} must be >= 1")
+            raise ConfigError(f"method {self.name!r}: kind must be one of 'memory_agent', 'direct', got {self.kind!r}")
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"method {self.name!r}: max_new_tokens must be >= 1")
+        if "name" in self.backend and not isinstance(self.backend["name"], str):
+            raise ConfigError(f"method {self.name!r}: backend name must be a string")
+
+    def record(self) -> dict[str, Any]:
+        """The method as recorded in manifests and hashed: :data:`RECORD_KEYS` always, every other setting
+        only when off its default (the grid's sampling settings are recorded at the grid's level)."""
+        flat_view = flat_dict(self)
+        defaults = flat_dict(MethodConfig(self.name))
+        out = {k: flat_view[k] for k in RECORD_KEYS}
+        out.update({k: v for k, v in flat_view.items() if k not in out and v != defaults.get(k)})
+        return out
 
 
 @dataclass(frozen=True)
@@ -247,20 +269,30 @@ class EvalConfig:
         return cls.from_dict(data, str(p), base=p.parent)
 
     def to_dict(self) -> dict[str, Any]:
-        return json.loads(json.dumps(asdict(self)))
+        """The grid as plain data (methods as :meth:`MethodConfig.record`s, the layout YAML grids use)."""
+        d = json.loads(json.dumps(asdict(self)))
+        d["methods"] = [m.record() for m in self.methods]
+        return d
+
+    def backend_for(self, method: MethodConfig) -> dict[str, Any]:
+        """The backend settings ``method`` runs on: its own ``backend:`` merged over the grid's."""
+        return {**self.backend, **method.backend}
+
+    def agent_for(self, method: MethodConfig) -> AgentConfig:
+        """The agent settings ``method`` runs with: its own, with the grid's temperature, top-p and seed."""
+        return dataclasses.replace(method.agent, temperature=self.temperature, top_p=self.top_p, seed=self.seed)
 
     def method_hash(self, method: MethodConfig) -> str:
         """Hash of what determines a method's outputs (method settings, backend, sampling, seed): rows made
-        under another hash must not be mixed into this run."""
-        blob = json.dumps([asdict(method), self.backend, self.tokenizer, self.temperature, self.top_p, self.seed], sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+        under another hash must not be mixed into this run. Settings added since a record's layout was fixed
+        enter only when off their default (:data:`RECORD_KEYS`), so older run folders keep their hashes."""
+        record = {k: v for k, v in method.record().items() if k != "backend"}
+        return settings_hash([record, self.backend_for(method), self.tokenizer, self.temperature, self.top_p, self.seed])
 
 
 def _lengths(values: Any, where: str, suffix: bool = True) -> tuple[int, ...]:
     """``[8192, "16K"]`` -> ``(8192, 16384)``: whole numbers, or strings with a K/M suffix like the CLI's
     (``suffix=False``: numbers of documents, no suffix)."""
-    from memagent.data.cli import parse_ints
-
     if not isinstance(values, (list, tuple)):
         values = [values]
     out = []
@@ -283,7 +315,7 @@ def _check_types(cls: type, d: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def _check_keys(d: dict[str, Any], cls: type, where: str) -> None:
-    valid = [f.name for f in fields(cls)]
+    valid = flat_names(cls)
     for k in d:
         if k not in valid:
             close = closest(k, valid)
@@ -294,9 +326,16 @@ def _check_keys(d: dict[str, Any], cls: type, where: str) -> None:
 def _build(cls: type, d: Any, where: str):
     if not isinstance(d, dict):
         raise ConfigError(f"{where}: expected a mapping")
+    for key in GRID_SAMPLING:
+        if cls is MethodConfig and key in d:
+            raise ConfigError(f"{where}: {key} is a setting of the whole grid; set it at the top level (it applies "
+                              "to every method)")
     _check_keys(d, cls, where)
-    d = _check_types(cls, d, where)
     try:
-        return cls(**d)
+        return build_flat(cls, d, lambda k: f"{where}: {k}")
     except TypeError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    except ConfigError as e:
+        if str(e).startswith(where):
+            raise
         raise ConfigError(f"{where}: {e}") from None

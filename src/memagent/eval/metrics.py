@@ -14,16 +14,14 @@ Counting rules (stated so numbers can be compared across runs):
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from memagent.errors import DataError
+from memagent.runfiles.rows import OPTIONAL_ROW_FIELDS, ROW_FIELDS, check_row, read_results  # noqa: F401 - re-exported
 from memagent.verifiers import ruler_clean_prediction
 
 
@@ -48,66 +46,6 @@ class CellSummary:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def read_results(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Rows of a ``results.jsonl`` (a torn last line is ignored; duplicates resolved, last wins).
-
-    Raises:
-        DataError: missing file, or a malformed line other than the last.
-    """
-    p = Path(path)
-    if not p.is_file():
-        raise DataError(f"results file {str(p)!r} not found")
-    lines = p.read_bytes().split(b"\n")
-    rows: dict[tuple, dict[str, Any]] = {}
-    for i, raw in enumerate(lines, 1):
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise DataError(f"{p}:{i}: result row is not UTF-8 text; fix or remove that line") from None
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            if i == len(lines):  # torn by a kill while writing
-                break
-            raise DataError(f"{p}:{i}: malformed result row") from None
-        check_row(row, f"{p}:{i}")
-        rows[(row["method"], row["task"], int(row["length"]), str(row["sample_id"]))] = row
-    return list(rows.values())
-
-
-#: Fields every result row must have (what summaries and resume read), with their JSON types.
-ROW_FIELDS = {"method": str, "task": str, "length": int, "sample_id": (str, int), "status": str, "score": (int, float),
-              "scores": dict}
-
-
-#: Optional fields that summaries read, with their JSON types (``None`` allowed).
-OPTIONAL_ROW_FIELDS = {"context_tokens": (int, float), "seconds": (int, float), "answer": str, "length_unit": str, "metric": str}
-
-
-def check_row(row: Any, where: str) -> None:
-    """Check one parsed result row against :data:`ROW_FIELDS` and :data:`OPTIONAL_ROW_FIELDS`.
-
-    Raises:
-        DataError: naming ``where`` (file:line) and the field, with what to do.
-    """
-    if not isinstance(row, dict):
-        raise DataError(f"{where}: malformed result row (expected a JSON object, got {type(row).__name__})")
-    for key, typ in ROW_FIELDS.items():
-        if key not in row:
-            raise DataError(f"{where}: malformed result row (no {key!r} field); fix or remove that line")
-        if not isinstance(row[key], typ) or isinstance(row[key], bool):
-            raise DataError(f"{where}: malformed result row ({key!r} is {row[key]!r}); fix or remove that line")
-    for key, typ in OPTIONAL_ROW_FIELDS.items():
-        v = row.get(key)
-        if v is not None and (not isinstance(v, typ) or isinstance(v, bool)):
-            raise DataError(f"{where}: malformed result row ({key!r} is {v!r}); fix or remove that line")
-    for name, v in row["scores"].items():
-        if not isinstance(v, (int, float)) or isinstance(v, bool):
-            raise DataError(f"{where}: malformed result row (score {name!r} is {v!r}, not a number); fix or remove that line")
 
 
 def _stderr(xs: list[float]) -> float:

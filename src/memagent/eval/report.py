@@ -5,9 +5,12 @@ never a model, so reports can be redone at any time. With several runs, methods 
 ``<run name>/<method>`` and compared in one table. Scores are shown in percent.
 
 Outputs in ``out_dir``: ``summary.csv`` (one row per run/method/task/length with every count and metric),
-``summary.md`` (per task: lengths down, methods across, ``mean ± stderr`` plus error/empty counts) and
+``summary.md`` (per task: lengths down, methods across, ``mean ± stderr`` plus error/empty counts),
 ``accuracy.png`` (one panel per task: accuracy against length on a log axis, one line per method, in the
-manner of the paper's Figure 1).
+manner of the paper's Figure 1) and ``report.html`` (self-contained: the plot, the diagnostics table and a
+per-sample memory timeline, :mod:`memagent.eval.html`). Every table carries the memory diagnostics of
+:mod:`memagent.eval.diagnostics` (capture, retention, outcome classes, memory health), read from the runs'
+traces and data; a number that cannot be measured (no trace, say) is empty in the CSV and ``n/a`` elsewhere.
 """
 
 from __future__ import annotations
@@ -65,16 +68,23 @@ def _length_label(length: int, unit: str) -> str:
     return f"{length // 1024}K" if length % 1024 == 0 and length >= 1024 else str(length)
 
 
-def write_csv(path: Path, series: list[tuple[str, CellSummary]]) -> None:
+def write_csv(path: Path, series: list[tuple[str, CellSummary]], diagnostics=None) -> None:
+    """``summary.csv``: one row per series and cell; with ``diagnostics`` (a
+    :class:`memagent.eval.run_diagnostics.RunsDiagnosis`), the diagnostics columns after the metric columns."""
+    from memagent.eval.run_diagnostics import CSV_COLUMNS, csv_cells
+
     metric_names = sorted({k for _, c in series for k in c.means})
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(["method", "task", "length", "length_unit", "metric", "mean_pct", "stderr_pct", "n", "n_error", "n_empty",
-                    "mean_ok_pct", "mean_context_tokens", "mean_seconds"] + [f"{m}_pct" for m in metric_names])
+                    "mean_ok_pct", "mean_context_tokens", "mean_seconds"] + [f"{m}_pct" for m in metric_names]
+                   + (list(CSV_COLUMNS) if diagnostics is not None else []))
         for label, c in series:
             ctx = "" if c.mean_context_tokens is None else f"{c.mean_context_tokens:.0f}"
+            extra = csv_cells(diagnostics.cell(label, c.task, c.length)) if diagnostics is not None else []
             w.writerow([label, c.task, c.length, c.length_unit, c.metric, _pct(c.mean), _pct(c.stderr), c.n, c.n_error, c.n_empty,
-                        _pct(c.mean_ok), ctx, f"{c.mean_seconds:.2f}"] + [_pct(c.means[m]) if m in c.means else "" for m in metric_names])
+                        _pct(c.mean_ok), ctx, f"{c.mean_seconds:.2f}"] + [_pct(c.means[m]) if m in c.means else "" for m in metric_names]
+                       + extra)
 
 
 def markdown_table(series: list[tuple[str, CellSummary]]) -> str:
@@ -175,14 +185,18 @@ def accuracy_figure(series: list[tuple[str, CellSummary]]):
     return fig
 
 
-def write_report(run_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLike | None = None, plot: bool = True) -> list[Path]:
-    """Write ``summary.csv``, ``summary.md`` and ``accuracy.png`` for one or more runs.
+def write_report(run_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLike | None = None, plot: bool = True,
+                 tokenizer=None, html: bool = True) -> list[Path]:
+    """Write ``summary.csv``, ``summary.md``, ``accuracy.png`` and ``report.html`` for one or more runs.
 
     Args:
         run_dirs: run folders (each with ``results.jsonl``).
         out_dir: where to write (default: the run folder when there is one; required for several, so that a
             comparison never replaces a run's own summary).
-        plot: also draw the PNG.
+        plot: also draw the PNG (and put it in the HTML page).
+        tokenizer: the runs' tokenizer, to tell where center truncation cut documents that the rows and traces
+            do not record (direct rows; older traces); without it those rows' evidence view is not measured.
+        html: also write ``report.html``.
 
     Returns:
         The files written.
@@ -209,15 +223,18 @@ def write_report(run_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLi
     if out.exists() and not out.is_dir():
         raise DataError(f"report output {str(out)!r} is a file: give a folder with --out")
     try:
-        return _write(out, runs, series, plot)
+        return _write(out, runs, series, plot, run_dirs, tokenizer, html)
     except OSError as e:
         raise DataError(f"cannot write the report into {str(out)!r} ({e.strerror or e}); give a writable folder with --out") from None
 
 
-def _write(out: Path, runs, series, plot: bool) -> list[Path]:
+def _write(out: Path, runs, series, plot: bool, run_dirs, tokenizer=None, html: bool = True) -> list[Path]:
+    from memagent.eval.run_diagnostics import RunsDiagnosis
+
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "summary.csv", out / "summary.md"]
-    write_csv(written[0], series)
+    diag = RunsDiagnosis(run_dirs, [label for label, _, _ in runs], tokenizer)
+    write_csv(written[0], series, diag)
     header = ["# Evaluation summary\n"]
     for label, _, m in runs:
         if m:
@@ -225,8 +242,16 @@ def _write(out: Path, runs, series, plot: bool) -> list[Path]:
                           f"prompt hashes {m.get('prompt_hashes')}, memagent {m.get('package_version')} ({(m.get('git_commit') or '')[:10]})")
     header.append("\nScores in %, mean ± standard error over all samples of a cell; failed requests count as 0 "
                   "(err = failed samples, empty = empty extracted answers).\n")
-    written[1].write_text("\n".join(header) + "\n" + markdown_table(series), encoding="utf-8")
+    from memagent.eval.html import diagnostics_markdown, write_html
+
+    cells = [(label, c, diag.cell(label, c.task, c.length)) for label, c in series]
+    written[1].write_text("\n".join(header) + "\n" + markdown_table(series) + "\n## Memory diagnostics (docs/diagnostics.md)\n\n"
+                          + diagnostics_markdown(cells), encoding="utf-8")
     if plot:
         written.append(out / "accuracy.png")
         plot_accuracy(written[-1], series)
+    if html:
+        written.append(out / "report.html")
+        png = (out / "accuracy.png").read_bytes() if plot else None
+        write_html(written[-1], [h[2:].replace("**", "").replace("`", "") for h in header[1:-1]], png, cells, diag)
     return written

@@ -31,179 +31,38 @@ Guarantees:
   seeds only on (seed, sample id, turn), not on which cells ran before.
 
 Methods: ``memory_agent`` runs :class:`memagent.agent.loop.MemoryAgent`. ``direct`` is the long-context
-baseline: the whole document in one prompt (:data:`DIRECT_TEMPLATE`), the document center-truncated so the
-prompt fits ``max_input_tokens``; the reference instead truncates the whole rendered prompt, which can cut
-into the question (reference doc section 1.7).
+baseline (:mod:`memagent.eval.direct`). A method whose ``backend:`` overrides grid-level backend settings runs
+on a backend of its own, built once per distinct merged setting and closed at the end of the run.
+
+Rows, traces, the manifest and the lock are written through :mod:`memagent.runfiles`; the folder's resume
+checks live in :mod:`memagent.eval.folder`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import hashlib
 import json
-import os
-import subprocess
-import time
-import zlib
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from memagent.errors import ConfigError, DataError
+from memagent.eval.direct import DIRECT_TEMPLATE, DirectMethod, direct_template_hash  # noqa: F401 - re-exported
+from memagent.eval.folder import RunFolder
 from memagent.eval.grid import EvalConfig, MethodConfig, TaskConfig
-from memagent.types import Message, Request, Sample, Trajectory
-
-#: The direct baseline's prompt (memagent's wording; slots {document}, {question}).
-DIRECT_TEMPLATE = (
-    "Read the document below and answer the question that follows it.\n\n<document>\n{document}\n</document>\n\n"
-    "Question: {question}\n\nAnswer briefly and put the final answer in \\boxed{{}}."
-)
+from memagent.runfiles import Outcome, ResultWriter, prune_trace, result_row, run_lock, write_trace
+from memagent.runfiles import read_manifest, row_key  # noqa: F401 - re-exported (their home is memagent.runfiles)
+from memagent.types import Sample, Trajectory
 
 Log = Callable[[str], None]
 
 
-def direct_template_hash() -> str:
-    return hashlib.sha256(DIRECT_TEMPLATE.encode()).hexdigest()[:12]
-
-
-def row_key(row: dict[str, Any]) -> tuple[str, str, int, str]:
-    """The identity of a result row: (method, task, length, sample id)."""
-    return (row["method"], row["task"], int(row["length"]), str(row["sample_id"]))
-
-
-class ResultWriter:
-    """Appends rows to ``results.jsonl``, flushing and fsync'ing each one.
-
-    On open, a last line without a newline (a row torn by a kill) is cut off, and the keys and method hashes of
-    the complete rows are loaded for resume checks.
-    """
-
-    def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.done: dict[tuple[str, str, int, str], str] = {}
-        self.hashes: dict[str, set[str]] = {}
-        self.tasks: set[str] = set()  # tasks with rows
-        self.metrics: dict[str, set[tuple[str, ...]]] = {}  # task -> the metric lists its rows were scored with
-        if self.path.exists():
-            self._repair_and_load()
-        self._f = open(self.path, "a", encoding="utf-8")
-
-    def _repair_and_load(self) -> None:
-        from memagent.eval.metrics import read_results
-
-        data = self.path.read_bytes()
-        if data and not data.endswith(b"\n"):
-            with open(self.path, "r+b") as f:
-                f.truncate(data.rfind(b"\n") + 1)
-        for row in read_results(self.path):  # checked rows; of a key written twice (--retry-errors), the last
-            self._record(row)
-
-    def _record(self, row: dict[str, Any]) -> None:
-        self.done[row_key(row)] = row["status"]
-        self.hashes.setdefault(row["method"], set()).add(row.get("method_hash", ""))
-        self.tasks.add(row["task"])
-        self.metrics.setdefault(row["task"], set()).add(tuple(row["scores"]))
-
-    def write(self, row: dict[str, Any]) -> None:
-        self._f.write(json.dumps(row, ensure_ascii=False) + "\n")
-        self._f.flush()
-        os.fsync(self._f.fileno())
-        self._record(row)
-
-    def close(self) -> None:
-        self._f.close()
-
-
-@contextlib.contextmanager
-def run_lock(run_dir: str | os.PathLike, log: Log | None = None) -> Iterator[None]:
-    """Hold an exclusive lock on a run folder (``fcntl.flock`` on ``RUN/.lock``) for the ``with`` block, so that
-    two ``memagent eval`` processes never append to one folder at once. The kernel releases the lock when the
-    process ends, however it ends, so a killed run never leaves the folder locked; the ``.lock`` file itself
-    stays. A no-op where ``fcntl`` does not exist (not POSIX), and, with a warning to ``log``, on a file
-    system that refuses locks.
-
-    Raises:
-        ConfigError: another process holds the lock (naming the folder).
-    """
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: no lock
-        yield
-        return
-    path = Path(run_dir) / ".lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    f = open(path, "a+b")
-    try:
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise ConfigError(f"run folder {str(run_dir)!r} is locked: another memagent eval is writing to it "
-                                  f"({path}); wait for it to finish, or use another --output folder") from None
-            (log or (lambda _msg: None))(f"warning: cannot lock run folder {str(run_dir)!r} ({e.strerror or e}); "
-                                         "running without a lock")
-        yield
-    finally:
-        f.close()  # closing the only descriptor releases the lock
-
-
-def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
-    """A run folder's ``manifest.json`` as a dict (``{}`` when the file does not exist).
-
-    Raises:
-        DataError: the file is not a JSON object (naming it and what to do).
-    """
-    p = Path(path)
-    if not p.exists():
-        return {}
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DataError(f"{p}: not a readable manifest ({e}); restore it, or move it away to treat the folder as "
-                        "unrecorded (its settings are then not checked)") from None
-    if not isinstance(data, dict):
-        raise DataError(f"{p}: a manifest is a JSON object, got {type(data).__name__}; restore it or move it away")
-    return data
-
-
-#: Per task, the settings that decide its data and scores (what a resumed run may not change).
-TASK_SETTINGS = ("unit", "files", "metrics", "samples", "keep_incomplete")
-
-
-def _task_settings(task: dict[str, Any]) -> dict[str, Any]:
-    out = {k: task.get(k) for k in TASK_SETTINGS}
-    # files by name: a run folder that moved (training validation) keeps its data
-    out["files"] = {str(k): Path(v).name for k, v in (task.get("files") or {}).items()}
-    out["metrics"] = list(task.get("metrics") or [])
-    return out
-
-
-def _package_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("memagent")
-    except Exception:  # not installed: source checkout
-        return "unknown"
-
-
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, cwd=Path(__file__).parent)
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-class EvalRunner:
+class EvalRunner(RunFolder):
     """Runs an :class:`EvalConfig`.
 
     Args:
         config: the grid.
-        backend: a ready backend (default: built from ``config.backend``).
+        backend: a ready backend for the grid's ``backend:`` settings (default: built from them); methods that
+            override backend settings get their own, built from the merged settings.
         tokenizer: the model's tokenizer (default: ``config.tokenizer``, else the backend's).
         log: receives one progress line per cell (default: silent).
         retry_errors: re-run samples whose earlier row is an error (the new row supersedes it in summaries).
@@ -220,17 +79,47 @@ class EvalRunner:
             from memagent.tokenization import load_tokenizer
 
             tokenizer = load_tokenizer(config.tokenizer)
-        if backend is None:
-            from memagent.backends import make_backend
-
-            kw = {k: v for k, v in config.backend.items() if k != "name"}
-            if config.backend["name"] == "openai" and tokenizer is not None:
-                kw.setdefault("tokenizer", tokenizer)  # the server's model, counted locally
-            backend = make_backend(config.backend["name"], **kw)
-        self.backend = backend
-        self.tokenizer = tokenizer or getattr(backend, "tokenizer", None)
+        self._given_tokenizer = tokenizer
+        self._backends: dict[str, Any] = {}  # merged backend settings (as JSON) -> backend
+        self._owned: list[Any] = []  # backends this runner built (and closes)
+        self.backend = backend if backend is not None else self._open(config.backend)
+        self._backends[_key(config.backend)] = self.backend
+        self.tokenizer = tokenizer or getattr(self.backend, "tokenizer", None)
         if self.tokenizer is None:
-            raise ConfigError(f"backend {backend.name!r} has no tokenizer: set `tokenizer:` in the eval config or pass --tokenizer")
+            raise ConfigError(f"backend {self.backend.name!r} has no tokenizer: set `tokenizer:` in the eval config or pass --tokenizer")
+
+    # -------------------------------------------------------------------------------------- backends
+    def _open(self, settings: dict[str, Any]):
+        from memagent.backends.factory import open_backend
+
+        backend, _ = open_backend(settings, self._given_tokenizer)
+        self._owned.append(backend)
+        return backend
+
+    def backend_of(self, method: MethodConfig):
+        """The backend ``method`` runs on: the grid's, or one built (once) for its merged backend settings."""
+        settings = self.config.backend_for(method)
+        key = _key(settings)
+        if key not in self._backends:
+            self._backends[key] = self._open(settings)
+        return self._backends[key]
+
+    def _backends_in_use(self, only_methods: Sequence[str] | None) -> list[Any]:
+        out = []
+        for m in self.config.methods:
+            b = self.backend_of(m)
+            if (only_methods is None or m.name in only_methods) and all(b is not x for x in out):
+                out.append(b)
+        return out
+
+    def close(self) -> None:
+        """Close the backends this runner built for method overrides (a backend passed in stays open, and so
+        does the grid's own, which :attr:`backend` exposes)."""
+        for b in self._owned:
+            if b is not self.backend:
+                b.close()
+        self._owned = [b for b in self._owned if b is self.backend]
+        self._backends = {k: b for k, b in self._backends.items() if b is self.backend}
 
     # ------------------------------------------------------------------------------------------ data
     def cell_samples(self, task: TaskConfig, length: int) -> list[Sample]:
@@ -277,90 +166,6 @@ class EvalRunner:
         return [build_ruler_sample(task.name, length, i, self.tokenizer, seed, data_root=root) for i in range(task.samples)]
 
     # ------------------------------------------------------------------------------------------- run
-    def _started_tasks(self, writer: ResultWriter | None) -> set[str]:
-        """Tasks that have result rows or built data in the run folder (their settings are fixed)."""
-        started = set(writer.tasks) if writer is not None else set()
-        data = self.run_dir / "data"
-        names = {t.name for t in self.config.tasks} | set(self._old_task_settings())
-        for name in names:
-            if any(data.glob(f"{name}_*.jsonl")):
-                started.add(name)
-        return started
-
-    def _old_task_settings(self) -> dict[str, dict[str, Any]]:
-        """The data settings recorded for each task by earlier runs into this folder (older manifests: their
-        config's tasks)."""
-        old = read_manifest(self.run_dir / "manifest.json")
-        if "task_settings" in old:
-            return dict(old["task_settings"])
-        return {t["name"]: _task_settings(t) for t in (old.get("config") or {}).get("tasks", []) if isinstance(t, dict)}
-
-    def write_manifest(self, writer: ResultWriter | None = None) -> None:
-        """Write ``manifest.json``, keeping the first start time, the settings of tasks that have rows or data but
-        are not in this config, and the entries (``config.methods``, ``method_hashes``, ``prompt_hashes``) of
-        methods that have rows but are not in this config."""
-        from memagent.agent.prompts import DEFAULT_TEMPLATES, PromptTemplates
-
-        prompt_hashes = {}
-        for m in self.config.methods:
-            if m.kind == "direct":
-                prompt_hashes[m.name] = direct_template_hash()
-            else:
-                prompt_hashes[m.name] = (PromptTemplates.from_file(m.templates) if m.templates else DEFAULT_TEMPLATES).hash
-        path = self.run_dir / "manifest.json"
-        old = read_manifest(path)
-        config = self.config.to_dict()
-        method_hashes = {m.name: self.config.method_hash(m) for m in self.config.methods}
-        old_methods = {m["name"]: m for m in (old.get("config") or {}).get("methods", []) if isinstance(m, dict) and "name" in m}
-        for name in self._earlier_methods(writer, old):  # methods of earlier runs that have rows here
-            if name in old_methods:
-                config["methods"].append(old_methods[name])
-            recorded = (old.get("method_hashes") or {}).get(name)  # else the rows' own (a manifest that lost it)
-            found = recorded or (min((h for h in writer.hashes[name] if h), default=None) if writer is not None else None)
-            if found:
-                method_hashes[name] = found
-            if name in (old.get("prompt_hashes") or {}):
-                prompt_hashes[name] = old["prompt_hashes"][name]
-        manifest = {
-            "name": self.config.name,
-            "config": config,
-            "method_hashes": method_hashes,
-            "prompt_hashes": prompt_hashes,
-            "backend": self.backend.name,
-            "context_tokens": self.backend.context_tokens,
-            "tokenizer": self.tokenizer.name,
-            "seed": self.config.seed,
-            "data_seed": self.config.data_seed,
-            "task_settings": self._merged_task_settings(writer),
-            "package_version": _package_version(),
-            "git_commit": _git_commit(),
-            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        }
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        if path.exists():  # a resumed run keeps its first start time and lists every resume
-            manifest["resumed_at"] = old.get("resumed_at", []) + [manifest["started_at"]]
-            manifest["started_at"] = old.get("started_at", manifest["started_at"])
-        path.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-
-    def _earlier_methods(self, writer: ResultWriter | None, old: dict[str, Any]) -> list[str]:
-        """Methods that have rows in the folder but are not in this config (their manifest entries are kept):
-        in the old manifest's order, then any it does not list (an older manifest that lost them)."""
-        with_rows = set(writer.hashes) if writer is not None else set()
-        names = {m.name for m in self.config.methods}
-        listed = [m.get("name") for m in (old.get("config") or {}).get("methods", []) if isinstance(m, dict)]
-        order = list(dict.fromkeys([*listed, *(old.get("method_hashes") or {}), *sorted(with_rows)]))
-        return [n for n in order if n in with_rows and n not in names]
-
-    def _merged_task_settings(self, writer: ResultWriter | None) -> dict[str, dict[str, Any]]:
-        started = self._started_tasks(writer)
-        merged = {k: v for k, v in self._old_task_settings().items() if k in started}
-        for t in self.config.tasks:
-            new = _task_settings(json.loads(json.dumps(asdict(t))))
-            if t.name in merged:
-                new["samples"] = max(new["samples"], merged[t.name].get("samples") or 0)
-            merged[t.name] = new
-        return merged
-
     def run(self, only: Sequence[tuple[str, int | None]] | None = None,
             only_methods: Sequence[str] | None = None) -> Path:
         """Run every cell not yet complete; returns the path of ``results.jsonl``.
@@ -405,9 +210,9 @@ class EvalRunner:
             self.write_manifest(writer)
             cells = [(t, n) for t in self.config.tasks for n in t.lengths if selected is None or (t.name, n) in selected]
             self.prepare(cells)
-            reachable = getattr(self.backend, "check_reachable", None)  # a server: fail before any row
-            if reachable is not None and cells:
-                reachable()
+            for b in self._backends_in_use(only_methods) if cells else ():  # a server: fail before any row
+                if callable(getattr(b, "check_reachable", None)):
+                    b.check_reachable()
             for task, length in cells:
                 samples = self.cell_samples(task, length)
                 for method in self.config.methods:
@@ -419,6 +224,7 @@ class EvalRunner:
                         self._run_cell(writer, method, task, length, todo)
         finally:
             writer.close()
+            self.close()
         return self.run_dir / "results.jsonl"
 
     def prepare(self, cells: Sequence[tuple[TaskConfig, int]]) -> None:
@@ -442,96 +248,29 @@ class EvalRunner:
             if n < task.samples:
                 self.log(f"warning: task {task.name!r} length {length}: {n} samples, fewer than samples: {task.samples}")
 
-    def check_resume(self, writer: ResultWriter | None = None) -> None:
-        """Refuse to continue a run folder whose rows or built data came from other data settings.
-
-        A resumed run may add tasks, lengths, methods and samples (a larger ``samples`` builds and runs the
-        missing ones). For every task with rows or data in the folder, even one this config leaves out, it may
-        not change what existing rows were computed from: the data seed, the task's unit, files, metrics or
-        ``keep_incomplete`` (checked against the manifest and against the rows' own scores), or lower ``samples``
-        (rows beyond the new count would still be reported). A folder with no rows or data yet (a first attempt
-        that failed) takes any settings. Method settings are checked separately, by method hash.
-
-        Args:
-            writer: the open results file (its rows' tasks and metrics); ``None`` reads only the manifest and
-                ``data/``.
-
-        Raises:
-            ConfigError: listing each difference, with the way out (a new ``--output`` folder).
-        """
-        started = self._started_tasks(writer)
-        if not started:
-            return
-        old = read_manifest(self.run_dir / "manifest.json")
-        old_cfg = old.get("config") or {}
-        diffs = []
-        if "data_seed" in old_cfg and old_cfg["data_seed"] != self.config.data_seed:
-            diffs.append(f"data_seed {old_cfg['data_seed']} -> {self.config.data_seed}")
-        old_tasks = self._old_task_settings()
-        for t in self.config.tasks:
-            if t.name not in started:
-                continue
-            new = _task_settings(json.loads(json.dumps(asdict(t))))
-            o = old_tasks.get(t.name)
-            if o is not None:
-                for key in ("unit", "files", "metrics", "keep_incomplete"):
-                    if key == "keep_incomplete" and key not in o:
-                        continue  # older manifests lack it (their hotpotqa data predates the gold check)
-                    if o.get(key) != new[key]:
-                        diffs.append(f"task {t.name!r} {key} {o.get(key)!r} -> {new[key]!r}")
-                if new["samples"] < (o.get("samples") or 0):
-                    diffs.append(f"task {t.name!r} samples {o['samples']} -> {new['samples']} (samples may grow, not shrink)")
-            scored = (writer.metrics.get(t.name) if writer is not None else None) or set()
-            other = scored - {tuple(t.metric_names())}
-            if other and (o is None or o.get("metrics") == new["metrics"]):  # not already listed above
-                diffs.append(f"task {t.name!r} rows scored with {list(sorted(other)[0])}, this config scores "
-                             f"{list(t.metric_names())}")
-        if diffs:
-            raise ConfigError(f"{self.run_dir} was run with other data settings: {'; '.join(diffs)}. Its rows and "
-                              "data/ came from the old ones; use a new --output folder (or restore the settings)")
-
     def check_methods(self) -> None:
-        """Refuse, before any row is written, a method that cannot fit the backend's context window whatever the
+        """Refuse, before any row is written, a method that cannot fit its backend's context window whatever the
         sample (agent: chunk + memory + caps; direct: prompt cap + answer cap).
 
         Raises:
             ConfigError: naming the method, the sum that does not fit and the settings to change.
         """
-        window = self.backend.context_tokens
         for m in self.config.methods:
             if m.kind == "memory_agent":
                 try:
                     self._make_agent(m).check_budget("", "(even with an empty question)")
                 except ConfigError as e:
                     raise ConfigError(f"method {m.name!r}: {e}") from None
-            elif m.max_input_tokens is not None:
-                if m.max_input_tokens < 1:
-                    raise ConfigError(f"method {m.name!r}: max_input_tokens must be >= 1, got {m.max_input_tokens}")
-                if window is not None and m.max_input_tokens + m.max_new_tokens > window:
-                    raise ConfigError(
-                        f"method {m.name!r}: max_input_tokens {m.max_input_tokens} + max_new_tokens {m.max_new_tokens} "
-                        f"exceeds the context window of {self.backend.name} ({window} tokens); lower one of them")
-            elif window is not None and window - m.max_new_tokens < 1:
-                raise ConfigError(f"method {m.name!r}: max_new_tokens {m.max_new_tokens} leaves no room for a prompt in "
-                                  f"the context window of {self.backend.name} ({window} tokens)")
-            if m.kind == "direct":
-                cap = self._direct_cap(m)
-                fixed = self._direct_fixed_tokens("")
-                if cap is not None and cap - fixed - 2 < 2:
-                    raise ConfigError(f"method {m.name!r}: the direct prompt without any document or question is "
-                                      f"{fixed} tokens, over the prompt cap of {cap} tokens: raise max_input_tokens")
+            else:
+                self._direct(m).check()
 
     def _make_agent(self, method: MethodConfig):
-        from memagent.agent.loop import AgentConfig, MemoryAgent
-        from memagent.agent.prompts import DEFAULT_TEMPLATES, PromptTemplates
+        from memagent.agent.loop import MemoryAgent
 
-        cfg = AgentConfig(
-            chunk_tokens=method.chunk_tokens, memory_tokens=method.memory_tokens, final_tokens=method.final_tokens,
-            max_context_tokens=method.max_context_tokens, temperature=self.config.temperature, top_p=self.config.top_p,
-            seed=self.config.seed, batch_size=method.batch_size,
-        )
-        templates = PromptTemplates.from_file(method.templates) if method.templates else DEFAULT_TEMPLATES
-        return MemoryAgent(self.backend, cfg, templates, tokenizer=self.tokenizer)
+        return MemoryAgent(self.backend_of(method), self.config.agent_for(method), tokenizer=self.tokenizer)
+
+    def _direct(self, method: MethodConfig) -> DirectMethod:
+        return DirectMethod(method, self.config.agent_for(method), self.backend_of(method), self.tokenizer)
 
     def _select(self, only: Sequence[tuple[str, int | None]] | None) -> set[tuple[str, int]] | None:
         if only is None:
@@ -551,159 +290,43 @@ class EvalRunner:
         return status is None or (self.retry_errors and status == "error")
 
     def _run_cell(self, writer: ResultWriter, method: MethodConfig, task: TaskConfig, length: int, samples: list[Sample]) -> None:
-        base = {"method": method.name, "task": task.name, "length": length, "length_unit": task.length_unit, "method_hash": self.config.method_hash(method)}
+        cell = {"method": method.name, "task": task.name, "length": length, "length_unit": task.length_unit,
+                "method_hash": self.config.method_hash(method)}
         metrics = task.metric_names()
         if method.kind == "memory_agent":
-            self._run_agent(writer, method, samples, base, metrics, f"{task.name}_{length}")
+            self._run_agent(writer, method, samples, cell, metrics, f"{task.name}_{length}")
         else:
-            self._run_direct(writer, method, samples, base, metrics)
+            self._direct(method).run(samples, lambda s, o: writer.write(result_row(s, o, cell=cell, metrics=metrics)))
 
-    def _run_agent(self, writer, method: MethodConfig, samples, base, metrics, cell: str) -> None:
-        from memagent.agent.loop import prune_trace, write_trace
-
+    def _run_agent(self, writer, method: MethodConfig, samples, cell, metrics, name: str) -> None:
         agent = self._make_agent(method)
-        trace_rel = f"traces/{method.name}/{cell}.jsonl"
-        (self.run_dir / trace_rel).parent.mkdir(parents=True, exist_ok=True)
+        trace_rel = f"traces/{method.name}/{name}.jsonl"
+        trace = self.run_dir / trace_rel
+        trace.parent.mkdir(parents=True, exist_ok=True)
         # resume: keep only the turns of samples that have a row and are not run again now (a kill between a
         # sample's turns and its row, or an error row retried, leaves turns of an attempt that no row records),
         # and drop a line torn by a kill, so that each sample's turns appear once
         rerun = {s.id for s in samples}
-        keep = {k[3] for k in writer.done if k[:3] == (base["method"], base["task"], base["length"])} - rerun
+        keep = {k[3] for k in writer.done if k[:3] == (cell["method"], cell["task"], cell["length"])} - rerun
         try:
-            prune_trace(self.run_dir / trace_rel, keep)
+            prune_trace(trace, keep)
         except OSError as e:
-            raise DataError(f"cannot rewrite the trace file {self.run_dir / trace_rel} before resuming "
-                            f"({e.strerror or e})") from None
+            raise DataError(f"cannot rewrite the trace file {trace} before resuming ({e.strerror or e})") from None
         runnable = []
         for s in samples:  # a question too long for the window is one bad sample, not a crashed run
             try:
                 agent.check_budget(s.question, s.id)
                 runnable.append(s)
             except ConfigError as e:
-                writer.write(make_row(base, s, metrics, error=str(e)))
+                writer.write(result_row(s, Outcome(error=str(e)), cell=cell, metrics=metrics))
 
         def on_result(s: Sample, traj: Trajectory) -> None:
-            write_trace(self.run_dir / trace_rel, [traj], append=True)
-            writer.write(trajectory_row(base, s, traj, metrics, trace_rel))
+            write_trace(trace, [traj], append=True)
+            writer.write(result_row(s, Outcome.of_trajectory(traj), cell=cell, metrics=metrics, trace=trace_rel))
 
         agent.run(runnable, on_result=on_result, progress=self.progress)
 
-    def _run_direct(self, writer, method: MethodConfig, samples, base, metrics) -> None:
-        from memagent.answers import extract_answer
 
-        budget = self._direct_cap(method)
-        if budget is None:
-            raise ConfigError(f"method {method.name!r}: set max_input_tokens (the backend's context window is unknown)")
-        for i in range(0, len(samples), method.batch_size):
-            batch = samples[i : i + method.batch_size]
-            prepared: list[tuple[Sample, str, int]] = []  # (sample, prompt, document tokens kept)
-            for s in batch:  # a question too long for the cap is one bad sample (an error row), not a crashed run
-                try:
-                    prepared.append((s, *self._direct_prompt(s, budget)))
-                except ConfigError as e:
-                    writer.write(make_row(base, s, metrics, error=str(e)))
-            if not prepared:
-                continue
-            requests = [
-                Request((Message("user", text),), method.max_new_tokens, self.config.temperature, self.config.top_p, self._seed(s.id), f"{s.id}/direct")
-                for s, text, _ in prepared
-            ]
-            t0 = time.perf_counter()
-            comps = self.backend.generate(requests)
-            share = (time.perf_counter() - t0) / len(prepared)
-            for (s, _, doc_tokens), c in zip(prepared, comps):
-                usage = {"prompt_tokens": c.usage.prompt_tokens, "completion_tokens": c.usage.completion_tokens, "turns": 1}
-                if c.finish_reason == "error":
-                    row = make_row(base, s, metrics, error=c.error or "backend error", document_tokens=doc_tokens, seconds=c.seconds or share, **usage)
-                else:
-                    ext = extract_answer(c.text)
-                    row = make_row(base, s, metrics, response=c.text, answer=ext.answer, extraction=ext.method,
-                                   document_tokens=doc_tokens, seconds=c.seconds or share, **usage)
-                writer.write(row)
-
-    def _direct_prompt(self, s: Sample, budget: int) -> tuple[str, int]:
-        from memagent.chunking import center_truncate
-
-        fixed = self._direct_fixed_tokens(s.question)
-        if budget - fixed - 2 < 2:  # center truncation keeps at least one head and one tail token
-            raise ConfigError(f"sample {s.id}: the direct prompt without any document is {fixed} tokens, over the "
-                              f"prompt cap of {budget} tokens: raise max_input_tokens or shorten the question")
-        doc, n = center_truncate(s.context, self.tokenizer, budget - fixed - 2)
-        return DIRECT_TEMPLATE.format(document=doc, question=s.question), n
-
-    def _direct_cap(self, method: MethodConfig) -> int | None:
-        """The direct prompt's cap in tokens: ``max_input_tokens``, else the window minus the answer cap."""
-        if method.max_input_tokens is not None:
-            return method.max_input_tokens
-        window = self.backend.context_tokens
-        return None if window is None else window - method.max_new_tokens
-
-    def _direct_fixed_tokens(self, question: str) -> int:
-        """Tokens of the direct prompt with ``question`` and no document (chat template included)."""
-        from memagent.backends.base import DEFAULT_CHAT_OVERHEAD_TOKENS
-        from memagent.tokenization import count_tokens
-
-        empty = DIRECT_TEMPLATE.format(document="", question=question)
-        fixed = self.backend.count_prompt_tokens((Message("user", empty),))
-        return fixed if fixed is not None else count_tokens(self.tokenizer, empty) + DEFAULT_CHAT_OVERHEAD_TOKENS
-
-    def _seed(self, sample_id: str) -> int:
-        return zlib.crc32(f"{self.config.seed}/{sample_id}/direct".encode()) & 0x7FFFFFFF
-
-
-def make_row(
-    base: dict[str, Any],
-    s: Sample,
-    metrics: Sequence[str],
-    response: str = "",
-    answer: str = "",
-    extraction: str = "empty",
-    error: str | None = None,
-    document_tokens: int | None = None,
-    prompt_tokens: int = 0,
-    completion_tokens: int = 0,
-    turns: int = 0,
-    seconds: float = 0.0,
-    trace: str | None = None,
-) -> dict[str, Any]:
-    """One result row; scores are computed here (0 for every metric when ``error`` is set).
-
-    Metrics see the extracted answer, except ``strict_boxed*`` which see the raw response (they find the box).
-    """
-    from memagent.verifiers import get_verifier
-
-    scores = {}
-    for name in metrics:
-        pred = response if name.startswith("strict_boxed") else answer
-        scores[name] = 0.0 if error else float(get_verifier(name)(pred, s.answers))
-    return {
-        **base,
-        "sample_id": s.id,
-        "status": "error" if error else "ok",
-        "error": error,
-        "question": s.question,
-        "answers": list(s.answers),
-        "response": response,
-        "answer": answer,
-        "extraction": extraction,
-        "metric": metrics[0],
-        "score": scores[metrics[0]],
-        "scores": scores,
-        "context_tokens": s.metadata.get("length_tokens"),
-        "document_tokens": document_tokens,
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "turns": turns,
-        "seconds": round(seconds, 4),
-        "trace": trace,
-    }
-
-
-def trajectory_row(base: dict[str, Any], s: Sample, traj: Trajectory, metrics: Sequence[str], trace: str | None) -> dict[str, Any]:
-    """A result row from a memory-agent trajectory."""
-    return make_row(
-        base, s, metrics, response=traj.response, answer=traj.answer, extraction=traj.extraction, error=traj.error,
-        document_tokens=traj.document_tokens, prompt_tokens=sum(t.prompt_tokens for t in traj.turns),
-        completion_tokens=sum(t.completion_tokens for t in traj.turns), turns=len(traj.turns), seconds=traj.seconds,
-        trace=trace,
-    )
+def _key(settings: dict[str, Any]) -> str:
+    """A backend's settings as a cache key (objects that are not JSON, such as a model, by identity)."""
+    return json.dumps(settings, sort_keys=True, default=lambda o: f"<{type(o).__name__} {id(o)}>")

@@ -12,6 +12,7 @@ Source: reference-memagent.md §4.8 (KL loss); J. Schulman, "Approximating KL di
 
 from __future__ import annotations
 
+import typing
 from typing import Literal
 
 import torch
@@ -19,7 +20,8 @@ import torch
 from memagent.errors import DataError
 
 KLType = Literal["k1", "k2", "k3"]
-KL_TYPES: tuple[str, ...] = ("k1", "k2", "k3")
+#: The KL estimators (the one list: derived from :data:`KLType`).
+KL_TYPES: tuple[str, ...] = typing.get_args(KLType)
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: KLType = "k3") -> torch.Tensor:

@@ -27,6 +27,7 @@ Source: reference-memagent.md §4.8 (policy loss, dual clip, token-mean, grad ac
 
 from __future__ import annotations
 
+import typing
 from typing import Literal
 
 import torch
@@ -35,13 +36,8 @@ from memagent.errors import DataError
 from memagent.rl.kl import KLType, kl_penalty
 
 AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "traj-mean-token-mean"]
-AGG_MODES: tuple[str, ...] = (
-    "token-mean",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum",
-    "seq-mean-token-sum-norm",
-    "traj-mean-token-mean",
-)
+#: The aggregation modes, in the order documented above (the one list: derived from :data:`AggMode`).
+AGG_MODES: tuple[str, ...] = typing.get_args(AggMode)
 
 
 def _check_mode(mode: str) -> None:

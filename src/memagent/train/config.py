@@ -18,10 +18,11 @@ from typing import Any, Literal
 
 import yaml
 
-from memagent.configtypes import coerce, finite_number
+from memagent.agent.config import AgentConfig, sampling_defaults
+from memagent.configtypes import build_flat, check_sampling, flat, flat_dict, flat_names
 from memagent.errors import ConfigError, closest
-from memagent.rl.kl import KL_TYPES
-from memagent.rl.losses import AGG_MODES
+from memagent.rl.kl import KLType
+from memagent.rl.losses import AggMode
 
 
 @dataclass(frozen=True)
@@ -70,20 +71,52 @@ class DataConfig:
     val_size: int = 128
 
 
+#: Agent settings the training config does not take: rollout seeds derive from ``run.seed`` and the step,
+#: rollouts always stop at a failed request, and rollouts sample with temperature and top-p only (the training
+#: log-probabilities assume it), so extra sampling settings stay at their defaults.
+NOT_TRAINED_AGENT_KEYS = ("seed", "strict", *sampling_defaults())
+
+
 @dataclass(frozen=True)
 class AgentSettings:
-    """The memory agent used for rollouts (same loop as ``memagent run``); lengths in tokens."""
+    """The ``agent:`` section: the memory agent of rollouts and validation (same loop as ``memagent run``).
 
-    chunk_tokens: int = 5000
-    memory_tokens: int = 1024
-    final_tokens: int = 1024
-    max_context_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    batch_size: int = 8
-    templates: str | None = None
+    Attributes:
+        rollout: the agent's settings (:class:`memagent.agent.config.AgentConfig`, written flat:
+            ``agent.chunk_tokens``); its temperature and top-p are the rollouts' (default temperature 1.0).
+        val_temperature, val_top_p: validation sampling (default greedy).
+    """
+
+    rollout: AgentConfig = flat(lambda: AgentConfig(temperature=1.0), exclude=NOT_TRAINED_AGENT_KEYS)
     val_temperature: float = 0.0
     val_top_p: float = 1.0
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """Policy-loss hyperparameters (see :func:`memagent.rl.losses.policy_loss`; reference values as defaults),
+    written flat in the ``rl:`` section (``rl.clip_low``).
+
+    Attributes:
+        clip_low, clip_high: the ratio's clip range ``[1 - clip_low, 1 + clip_high]``.
+        dual_clip: dual-clip bound for negative advantages (``None``: off).
+        kl_coef: weight of the KL penalty against the reference model (0: no reference model).
+        kl_type: the KL estimator (:data:`memagent.rl.kl.KL_TYPES`).
+        entropy_coef: weight of the entropy bonus.
+        agg_mode: loss aggregation (:data:`memagent.rl.losses.AGG_MODES`).
+        horizon_tokens: the constant response horizon of ``seq-mean-token-sum-norm``.
+        mask_final: train only the memory updates (an ablation).
+    """
+
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = 3.0
+    kl_coef: float = 0.001
+    kl_type: KLType = "k3"
+    entropy_coef: float = 0.0
+    agg_mode: AggMode = "token-mean"
+    horizon_tokens: int | None = None
+    mask_final: bool = False
 
 
 @dataclass(frozen=True)
@@ -95,15 +128,7 @@ class RLConfig:
     mini_batches: int = 16
     normalize_std: bool = False
     singleton: Literal["reward", "zero"] = "reward"
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float | None = 3.0
-    kl_coef: float = 0.001
-    kl_type: Literal["k1", "k2", "k3"] = "k3"
-    entropy_coef: float = 0.0
-    agg_mode: str = "token-mean"
-    horizon_tokens: int | None = None
-    mask_final: bool = False
+    loss: LossSettings = flat(LossSettings)
     reward: Literal["strict_boxed", "strict_boxed_reference", "sub_em"] = "strict_boxed"
 
 
@@ -177,24 +202,22 @@ class TrainConfig:
     run: RunConfig = field(default_factory=RunConfig)
 
     def __post_init__(self):
-        rl, o, r = self.rl, self.optim, self.run
-        for key in ("temperature", "top_p", "val_temperature", "val_top_p"):  # NaN passes any range check below
-            finite_number(getattr(self.agent, key), f"agent.{key}")
+        rl, loss, o, r, agent = self.rl, self.rl.loss, self.optim, self.run, self.agent.rollout
+        # the rollouts' temperature and top-p are checked by AgentConfig; NaN passes any range check below
+        check_sampling(self.agent.val_temperature, self.agent.val_top_p, ("agent.val_temperature", "agent.val_top_p"))
         checks = [
             (rl.group_size >= 1, "rl.group_size must be >= 1"),
             (rl.prompts_per_step >= 1, "rl.prompts_per_step must be >= 1"),
             (rl.mini_batches >= 1, "rl.mini_batches must be >= 1"),
             (rl.mini_batches <= rl.prompts_per_step * rl.group_size,
              "rl.mini_batches must not exceed the trajectories per step (prompts_per_step x group_size)"),
-            (rl.agg_mode in AGG_MODES, f"rl.agg_mode must be one of {', '.join(AGG_MODES)}"),
-            (rl.kl_type in KL_TYPES, f"rl.kl_type must be one of {', '.join(KL_TYPES)}"),
-            (rl.dual_clip is None or rl.dual_clip > 1, "rl.dual_clip must be > 1 or null"),
-            (0 <= rl.clip_low < 1 and rl.clip_high >= 0, "need 0 <= rl.clip_low < 1 and rl.clip_high >= 0"),
+            (loss.dual_clip is None or loss.dual_clip > 1, "rl.dual_clip must be > 1 or null"),
+            (0 <= loss.clip_low < 1 and loss.clip_high >= 0, "need 0 <= rl.clip_low < 1 and rl.clip_high >= 0"),
             (o.lr > 0 and o.warmup_steps >= 0 and o.grad_clip > 0, "need optim.lr > 0, warmup_steps >= 0, grad_clip > 0"),
             (o.micro_batch_tokens >= 1, "optim.micro_batch_tokens must be >= 1"),
             (all(0 <= b < 1 for b in o.betas) and o.weight_decay >= 0,
              "need 0 <= optim.betas < 1 (e.g. [0.9, 0.999]) and optim.weight_decay >= 0"),
-            (rl.kl_coef >= 0 and rl.entropy_coef >= 0, "need rl.kl_coef >= 0 and rl.entropy_coef >= 0 (0 turns a term off)"),
+            (loss.kl_coef >= 0 and loss.entropy_coef >= 0, "need rl.kl_coef >= 0 and rl.entropy_coef >= 0 (0 turns a term off)"),
             (self.model.logprob_chunk_tokens >= 1, "model.logprob_chunk_tokens must be >= 1"),
             (self.data.synthetic_context_words >= 1, "data.synthetic_context_words must be >= 1"),
             (self.data.val_size >= 1 and self.data.synthetic_val_size >= 1,
@@ -203,8 +226,6 @@ class TrainConfig:
              "data.val_context_multipliers applies to synthetic validation only; a data.val_path file is validated as "
              "it is (build longer versions of it as separate files)"),
             (len(self.data.val_context_multipliers) >= 1, "data.val_context_multipliers needs at least one entry (1 = the training length)"),
-            (min(self.agent.chunk_tokens, self.agent.memory_tokens, self.agent.final_tokens, self.agent.batch_size) >= 1,
-             "need agent.chunk_tokens, agent.memory_tokens, agent.final_tokens and agent.batch_size >= 1"),
             (r.total_steps >= 1, "run.total_steps must be >= 1"),
             (r.keep_checkpoints >= 1, "run.keep_checkpoints must be >= 1 (the newest checkpoints kept; a run resumes "
              "from the last one)"),
@@ -213,18 +234,13 @@ class TrainConfig:
             (r.dist_timeout_s >= 1, "run.dist_timeout_s must be >= 1 (seconds)"),
             (0 < r.vllm_gpu_memory_utilization <= 1, "run.vllm_gpu_memory_utilization must be in (0, 1] (a fraction "
              "of accelerator memory)"),
-            (self.agent.temperature > 0, "agent.temperature must be > 0: rollouts sample (G rollouts at temperature 0 "
+            (agent.temperature > 0, "agent.temperature must be > 0: rollouts sample (G rollouts at temperature 0 "
              "would be identical), and the training log-probabilities are taken at this temperature"),
-            (0 < self.agent.top_p <= 1, "need 0 < agent.top_p <= 1"),
-            (self.agent.val_temperature >= 0 and 0 < self.agent.val_top_p <= 1,
-             "need agent.val_temperature >= 0 (0 = greedy) and 0 < agent.val_top_p <= 1"),
-            (self.agent.max_context_tokens is None or self.agent.max_context_tokens >= 2,
-             "agent.max_context_tokens must be >= 2 or null (null: no cap, the whole document is read)"),
             (self.data.synthetic is not None or self.data.train_path, "set data.train_path or data.synthetic"),
             (self.data.train_path or self.data.synthetic_train_size >= 1, "data.synthetic_train_size must be >= 1"),
             (all(m >= 1 for m in self.data.val_context_multipliers),
              "data.val_context_multipliers must be whole numbers >= 1 (1 = the training length)"),
-            (rl.agg_mode != "seq-mean-token-sum-norm" or (rl.horizon_tokens or 0) >= 1,
+            (loss.agg_mode != "seq-mean-token-sum-norm" or (loss.horizon_tokens or 0) >= 1,
              "rl.agg_mode=seq-mean-token-sum-norm needs rl.horizon_tokens (the constant response horizon in "
              "tokens, e.g. the memory cap); without it the divisor would be each micro-batch's padded width"),
         ]
@@ -240,26 +256,32 @@ class TrainConfig:
 
 
 def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    """Build a config class from a (nested) mapping: sections recursively, each section's keys flat
+    (:func:`memagent.configtypes.build_flat`); errors name the dotted key."""
+    names = flat_names(cls)
     unknown = [k for k in data if k not in names]
     if unknown:
         k = unknown[0]
         close = closest(k, names)
         hint = f"; did you mean {prefix}{close}?" if close else f"; known: {', '.join(names)}"
         raise ConfigError(f"unknown config key {prefix}{k}{hint}")
-    kwargs = {}
-    for name in names:
-        if name not in data:
-            continue
-        tp = hints[name]
-        if dataclasses.is_dataclass(tp):
-            if not isinstance(data[name], dict):
-                raise ConfigError(f"{prefix}{name} must be a mapping")
-            kwargs[name] = _build(tp, data[name], f"{prefix}{name}.")
-        else:
-            kwargs[name] = coerce(data[name], tp, prefix + name)
-    return cls(**kwargs)
+    hints = typing.get_type_hints(cls)
+    sections = [f.name for f in dataclasses.fields(cls) if dataclasses.is_dataclass(hints[f.name])
+                and not f.metadata.get("flat")]
+    if sections:
+        kwargs = {}
+        for name in sections:
+            if name in data:
+                if not isinstance(data[name], dict):
+                    raise ConfigError(f"{prefix}{name} must be a mapping")
+                kwargs[name] = _build(hints[name], data[name], f"{prefix}{name}.")
+        return cls(**kwargs)
+    try:
+        return build_flat(cls, data, lambda k: prefix + k)
+    except ConfigError as e:
+        if str(e).startswith(prefix):
+            raise
+        raise ConfigError(f"{prefix.rstrip('.')}: {e}") from None
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
@@ -307,13 +329,6 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | tuple[str
 
 
 def config_to_dict(cfg: TrainConfig) -> dict[str, Any]:
-    """Plain nested dict (tuples as lists) for YAML/JSON provenance."""
-
-    def conv(x):
-        if isinstance(x, dict):
-            return {k: conv(v) for k, v in x.items()}
-        if isinstance(x, (list, tuple)):
-            return [conv(v) for v in x]
-        return x
-
-    return conv(dataclasses.asdict(cfg))
+    """Plain nested dict, one mapping per section with its keys flat as in YAML (tuples as lists), for
+    provenance and resume checks."""
+    return flat_dict(cfg)

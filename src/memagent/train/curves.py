@@ -16,30 +16,33 @@ from memagent.errors import DataError
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
-    """The rows of ``<run_dir>/metrics.jsonl`` in file order.
+    """The rows of ``<run_dir>/metrics.jsonl`` in file order (a last line torn by a kill is not read).
 
     Raises:
-        DataError: the file is missing or a line is not JSON (names the line).
+        DataError: the file is missing or a complete line is not JSON (names the line).
     """
+    from memagent.runfiles import complete_lines
+
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise DataError(f"no metrics.jsonl in {run_dir}: is it a `memagent train` output directory?")
     rows = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in complete_lines(path):
         if line.strip():
             try:
                 rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{n}: not JSON ({e.msg})") from None
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise DataError(f"{path}:{n}: not JSON ({getattr(e, 'msg', e)})") from None
     return rows
 
 
 def validation_table(rows: list[dict]) -> str:
-    """Markdown table of every validation: one line per validated step, one column per ``val/*`` metric."""
+    """Markdown table of every validation: one line per validated step, one column per ``val/*`` score and the
+    memory's capture and retention (:data:`TABLE_METRICS`; the other memory diagnostics stay in ``metrics.jsonl``)."""
     vals = [r for r in rows if any(k.startswith("val/") for k in r)]
     if not vals:
         return "(no validation rows)\n"
-    keys = sorted({k for r in vals for k in r if k.startswith("val/")})
+    keys = sorted({k for r in vals for k in r if k.startswith("val/") and k.rsplit("/", 1)[-1] in TABLE_METRICS})
     head = "| step | " + " | ".join(k[4:] for k in keys) + " |"
     rule = "|---|" + "---|" * len(keys)
     lines = [head, rule]
@@ -51,10 +54,17 @@ def validation_table(rows: list[dict]) -> str:
             ", ".join(f"`{m}`: held-out samples at {m[1:]}x" for m in mults) + " the training context length.\n")
 
 
+#: The ``val/x{m}/...`` metrics of the validation table: the trainer's scores (fractions), the error count, and the
+#: memory diagnostics' capture and retention (already percentages).
+TABLE_METRICS = ("reward", "sub_em", "boxed", "n_error", "captured_pct", "retained_pct")
+
+
 def _cell(key: str, value) -> str:
     if not isinstance(value, (int, float)):
         return ""
-    return str(int(value)) if key.endswith("/n_error") else f"{100 * value:.1f}"
+    if key.endswith("/n_error"):
+        return str(int(value))
+    return f"{value:.1f}" if key.endswith("_pct") else f"{100 * value:.1f}"
 
 
 def plot_rewards(rows: list[dict], out_png: str | os.PathLike, window: int = 5) -> None:

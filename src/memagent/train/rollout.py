@@ -106,8 +106,8 @@ def collect_rollouts(agent, samples: Sequence[Sample], group_size: int, reward_f
             temperature, top-p and seed.
         samples: the step's questions (with gold answers).
         group_size: G, trajectories per question.
-        reward_fn: ``(final response, gold answers) -> float``; default
-            :func:`memagent.verifiers.strict_boxed_reward` (the strict training reward).
+        reward_fn: ``(final response, gold answers) -> float``; default the strict training reward,
+            ``memagent.scoring.score("strict_boxed", ...)``.
 
     Returns:
         a :class:`Rollout`; trajectory ``i`` belongs to group ``i // group_size``.
@@ -117,7 +117,10 @@ def collect_rollouts(agent, samples: Sequence[Sample], group_size: int, reward_f
         DataError: see :func:`trajectory_rows`.
     """
     if reward_fn is None:
-        from memagent.verifiers import strict_boxed_reward as reward_fn
+        from memagent.scoring import score
+
+        def reward_fn(response: str, answers: Sequence[str]) -> float:
+            return score("strict_boxed", response, answers)
     for s in samples:
         if not s.answers:
             raise DataError(f"sample {s.id} has no gold answers; training needs them for the reward")

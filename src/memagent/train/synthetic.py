@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 
+from memagent.data.schema import evidence_item, joined_spans
 from memagent.types import Sample
 
 _KEYS = (
@@ -49,8 +50,11 @@ def needle_sample(index: int, context_words: int, seed: int = 0, prefix: str = "
     pos = rng.randint(0, len(sentences))
     sentences.insert(pos, f"The special magic number for {key} is {value}.")
     question = f"What is the special magic number for {key} mentioned in the document?"
-    return Sample(f"{prefix}-{index}", question, " ".join(sentences), (value,),
-                  {"task": "needle", "context_words": context_words, "needle_sentence": pos})
+    context = " ".join(sentences)
+    ((a, b),) = joined_spans(sentences, " ", [pos])
+    evidence = [evidence_item(context, a, b, "needle", answer=value, key=key)]
+    return Sample(f"{prefix}-{index}", question, context, (value,),
+                  {"task": "needle", "context_words": context_words, "needle_sentence": pos, "evidence": evidence})
 
 
 def needle_samples(n: int, context_words: int, seed: int = 0, prefix: str = "needle") -> list[Sample]:

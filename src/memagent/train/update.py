@@ -10,30 +10,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 
 from memagent.rl.losses import aggregation_units, aggregation_weights, policy_loss
+from memagent.rl.multiconv import row_loss_mask
 from memagent.train.batching import dummy_batch, micro_batches, pad_rows, scatter_response
+from memagent.train.config import LossSettings  # noqa: F401 - the loss settings' one declaration
 from memagent.train.rollout import Row
 
 AllReduceSum = Callable[[torch.Tensor], torch.Tensor]
-
-
-@dataclass(frozen=True)
-class LossSettings:
-    """Loss hyperparameters (see :func:`memagent.rl.losses.policy_loss`; reference values as defaults)."""
-
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float | None = 3.0
-    kl_coef: float = 0.001
-    kl_type: str = "k3"
-    entropy_coef: float = 0.0
-    agg_mode: str = "token-mean"
-    horizon_tokens: int | None = None
-    mask_final: bool = False
 
 
 def mini_batch_backward(
@@ -79,10 +65,7 @@ def mini_batch_backward(
         (unweighted sum over those tokens).
     """
     full = pad_rows(rows, pad_id)
-    final = torch.tensor([r.is_final for r in rows])
-    mask = full.response_mask
-    if settings.mask_final:
-        mask = mask * (~final).float().unsqueeze(-1)
+    mask = row_loss_mask(full.response_mask, torch.tensor([r.is_final for r in rows]), settings.mask_final)
     traj = torch.tensor([r.traj_index for r in rows])
     units = aggregation_units(mask, settings.agg_mode, traj)
     if all_reduce_sum is not None:
@@ -98,36 +81,49 @@ def mini_batch_backward(
     for k, group in enumerate(groups):
         idx = torch.tensor(group)
         mb = pad_rows([rows[i] for i in group], pad_id)
-        w_cols = mb.response_mask.shape[1]
+        cols = mb.response_mask.shape[1]
         with _grad_sync(model, k == total - 1):
-            logp, ent = model(mb.input_ids, mb.attention_mask, want_entropy, mask[idx, :w_cols])
+            logp, ent = model(mb.input_ids, mb.attention_mask, want_entropy, mask[idx, :cols])
             dev = logp.device
-            m = mask[idx, :w_cols].to(dev)
+            m = mask[idx, :cols].to(dev)
             loss, metrics = policy_loss(
-                logp, old_full[idx, :w_cols].to(dev) if old_full is not None else logp.detach(),
-                row_advantages[idx].to(dev), weights[idx, :w_cols].to(dev), m,
+                logp, old_full[idx, :cols].to(dev) if old_full is not None else logp.detach(),
+                row_advantages[idx].to(dev), weights[idx, :cols].to(dev), m,
                 settings.clip_low, settings.clip_high, settings.dual_clip,
-                ref_logp=ref_full[idx, :w_cols].to(dev) if ref_full is not None else None,
+                ref_logp=ref_full[idx, :cols].to(dev) if ref_full is not None else None,
                 kl_coef=settings.kl_coef, kl_type=settings.kl_type, entropy=ent, entropy_coef=settings.entropy_coef,
             )
             (loss * world_size).backward()
-        n = float(m.sum())
-        if ent is not None:  # plain token sum, so the logged entropy is a token mean whatever the aggregation
-            sums["entropy/token_sum"] = sums.get("entropy/token_sum", 0.0) + float((ent.detach() * m).sum())
-        sums["loss"] = sums.get("loss", 0.0) + float(loss.detach())
-        for key, val in metrics.items():
-            scale = 1.0 if key in ("pg/loss", "kl/mean", "entropy/mean") else n
-            sums[key] = sums.get(key, 0.0) + float(val) * scale
-        sums["tokens"] = sums.get("tokens", 0.0) + n
-    for k in range(len(groups), total):  # FSDP: keep this rank's collectives in step with the others
-        with _grad_sync(model, k == total - 1):
-            logp, _ = model(*dummy_batch(pad_id))
-            (logp.sum() * 0.0).backward()
+        _accumulate(sums, loss, metrics, ent, m)
+    _dummy_passes(model, pad_id, len(groups), total)
     tokens = max(sums.get("tokens", 0.0), 1.0)
     for key in ("pg/clip_frac", "pg/dual_clip_frac", "pg/ratio_mean", "pg/approx_kl"):
         if key in sums:
             sums[key] /= tokens
     return sums
+
+
+def _dummy_passes(model: torch.nn.Module, pad_id: int, done: int, total: int) -> None:
+    """FSDP: the forward/backward passes on a dummy row (loss 0) that keep this rank's collectives in step with
+    the ranks that have more micro-batches (``done`` run, ``total`` due)."""
+    for k in range(done, total):
+        with _grad_sync(model, k == total - 1):
+            logp, _ = model(*dummy_batch(pad_id))
+            (logp.sum() * 0.0).backward()
+
+
+def _accumulate(sums: dict[str, float], loss: torch.Tensor, metrics: dict, ent: torch.Tensor | None,
+                mask: torch.Tensor) -> None:
+    """Add one micro-batch's loss and metrics to ``sums``: loss terms summed, token means weighted by the
+    micro-batch's token count (divided by the total at the end), the entropy as a plain token sum."""
+    n = float(mask.sum())
+    if ent is not None:  # plain token sum, so the logged entropy is a token mean whatever the aggregation
+        sums["entropy/token_sum"] = sums.get("entropy/token_sum", 0.0) + float((ent.detach() * mask).sum())
+    sums["loss"] = sums.get("loss", 0.0) + float(loss.detach())
+    for key, val in metrics.items():
+        scale = 1.0 if key in ("pg/loss", "kl/mean", "entropy/mean") else n
+        sums[key] = sums.get(key, 0.0) + float(val) * scale
+    sums["tokens"] = sums.get("tokens", 0.0) + n
 
 
 def _grad_sync(model: torch.nn.Module, sync: bool):

@@ -243,6 +243,13 @@ def insert_at_fractions(items: list[str], inserts: Sequence[str], fractions: Seq
     return out
 
 
+def inserted_indices(num_items: int, fractions: Sequence[float]) -> list[int]:
+    """Where :func:`insert_at_fractions` puts its inserts: the index in the output list of each insert, in the
+    inserts' order (the ``k``-th insert lands at the ``k``-th smallest position plus ``k``)."""
+    positions = sorted(int(f * num_items) for f in fractions)
+    return [pos + k for k, pos in enumerate(positions)]
+
+
 def unit_costs(units: Sequence[str], sep: str, tokenizer: Tokenizer) -> np.ndarray:
     """Approximate tokens of each unit inside ``sep.join(units)`` from one tokenization with offsets (a token
     belongs to the unit where it starts; the separator after a unit counts to it). Shape ``(U,)``."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memagent.data.documents import sample_rng
+from memagent.data.schema import evidence_item, joined_spans
 from memagent.data.ruler.common import (
     DEPTHS,
     NOISE_LINE,
@@ -21,6 +22,7 @@ from memagent.data.ruler.common import (
     RulerPrompt,
     fit_length,
     insert_at_fractions,
+    inserted_indices,
     prefix_from_costs,
     prose_costs,
     random_value,
@@ -120,8 +122,9 @@ def build_niah(
     num_keys = max(cfg.num_keys, cfg.num_queries)
     keys = _distinct(cfg.key_type, num_keys, rng)
     values = [_distinct(cfg.value_type, cfg.num_values, rng) for _ in keys]
-    needles = [_needle(cfg.value_type, k, v) for k, vs in zip(keys, values) for v in vs]
-    rng.shuffle(needles)
+    placed = [(_needle(cfg.value_type, k, v), k, v) for k, vs in zip(keys, values) for v in vs]
+    rng.shuffle(placed)  # the permutation depends only on the list's length, as for the needle texts alone
+    needles = [text for text, _, _ in placed]
     picked = rng.sample(range(num_keys), cfg.num_queries)
     queries = [keys[i] for i in picked]
     answers = tuple(v for i in picked for v in values[i])
@@ -130,23 +133,8 @@ def build_niah(
     kind = cfg.haystack if cfg.haystack != "essay" or haystack is None else haystack
 
     if kind in ("essay", "gutenberg"):
-        costs = prose_costs(kind, tokenizer, data_root)
-        depths = sorted(rng.sample(DEPTHS, len(needles)))
-        start = start_word % len(costs.words)
-        words = costs.words[start:] + costs.words[:start] if start else costs.words
-        base = float(costs.prefix_tokens[start])
-
-        def build(n: int):
-            sents = split_sentences(" ".join(words[:n]))
-            ctx = " ".join(insert_at_fractions(sents, needles, [d / 100 for d in depths]))
-            return ctx, f"{pre}\n{ctx}\n{qline}"
-
-        def estimate(n: int) -> float:  # tokens of words[:n], from the whole text's prefix sums (wrapping once)
-            end = start + min(n, len(words))
-            total = float(costs.prefix_tokens[-1])
-            return (float(costs.prefix_tokens[end]) if end <= len(words) else total + float(costs.prefix_tokens[end - len(words)])) - base
-
-        fitted = fit_length(build, estimate, len(words), budget, tokenizer)
+        fitted = _fit_prose(kind, needles, sorted(rng.sample(DEPTHS, len(needles))), start_word, pre, qline, budget,
+                            tokenizer, data_root)
     else:
         fractions = [rng.random() for _ in needles]
         if kind == "noise":
@@ -162,9 +150,45 @@ def build_niah(
 
         def build(n: int):
             lines = [NOISE_LINE] * n if units is None else units[:n]
-            ctx = "\n".join(insert_at_fractions(lines, needles, fractions))
-            return ctx, f"{pre}\n{ctx}\n{qline}"
+            parts = insert_at_fractions(lines, needles, fractions)
+            ctx = "\n".join(parts)
+            return (ctx, joined_spans(parts, "\n", inserted_indices(len(lines), fractions))), f"{pre}\n{ctx}\n{qline}"
 
         fitted = fit_length(build, prefix, max_units, budget, tokenizer, min_units=0)
-    prompt = RulerPrompt(f"{pre}\n{qline}", pre + "\n", str(fitted.value), "\n" + qline, answers, ans_prefix)
-    return to_sample(task, length, index, prompt, fitted.tokens, tokenizer, seed, "niah", haystack=kind, haystack_units=fitted.n)
+    ctx, spans = fitted.value
+    prompt = RulerPrompt(f"{pre}\n{qline}", pre + "\n", ctx, "\n" + qline, answers, ans_prefix)
+    return to_sample(task, length, index, prompt, fitted.tokens, tokenizer, seed, "niah", haystack=kind, haystack_units=fitted.n,
+                     evidence=_needle_evidence(ctx, placed, spans, set(queries)))
+
+
+def _needle_evidence(ctx: str, placed, spans, queried: set[str]) -> list[dict]:
+    """The needles of the queried keys, in context order: span, sentence, key and value (the gold answer).
+    Needles of keys the question does not ask about (niah_multikey_1) are distractors and left out."""
+    items = [evidence_item(ctx, a, b, "needle", answer=value, key=key)
+             for (_, key, value), (a, b) in zip(placed, spans) if key in queried]
+    return sorted(items, key=lambda e: e["start_char"])
+
+
+def _fit_prose(kind: str, needles: list[str], depths: list[int], start_word: int, pre: str, qline: str, budget: int,
+               tokenizer: Tokenizer, data_root: str | None):
+    """Fit a prose haystack (essays or Gutenberg, from word ``start_word`` on, wrapping around the text) with the
+    needles at ``depths`` (percent) to ``budget`` tokens (:func:`fit_length`; its value is ``(context, needle
+    spans)``)."""
+    costs = prose_costs(kind, tokenizer, data_root)
+    start = start_word % len(costs.words)
+    words = costs.words[start:] + costs.words[:start] if start else costs.words
+    base = float(costs.prefix_tokens[start])
+
+    def build(n: int):
+        sents = split_sentences(" ".join(words[:n]))
+        fractions = [d / 100 for d in depths]
+        parts = insert_at_fractions(sents, needles, fractions)
+        ctx = " ".join(parts)
+        return (ctx, joined_spans(parts, " ", inserted_indices(len(sents), fractions))), f"{pre}\n{ctx}\n{qline}"
+
+    def estimate(n: int) -> float:  # tokens of words[:n], from the whole text's prefix sums (wrapping once)
+        end = start + min(n, len(words))
+        total = float(costs.prefix_tokens[-1])
+        return (float(costs.prefix_tokens[end]) if end <= len(words) else total + float(costs.prefix_tokens[end - len(words)])) - base
+
+    return fit_length(build, estimate, len(words), budget, tokenizer)

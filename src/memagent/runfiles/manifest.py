@@ -1,0 +1,107 @@
+"""Run folders: the manifest (provenance of every output), and the lock held by the process writing into it."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from memagent.errors import ConfigError, DataError
+from memagent.runfiles.jsonl import rewrite
+
+
+def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
+    """A run folder's ``manifest.json`` as a dict (``{}`` when the file does not exist).
+
+    Raises:
+        DataError: the file is not a JSON object (naming it and what to do).
+    """
+    p = Path(path)
+    if not p.exists():
+        return {}
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(f"{p}: not a readable manifest ({e}); restore it, or move it away to treat the folder as "
+                        "unrecorded (its settings are then not checked)") from None
+    if not isinstance(data, dict):
+        raise DataError(f"{p}: a manifest is a JSON object, got {type(data).__name__}; restore it or move it away")
+    return data
+
+
+def write_json(path: str | os.PathLike, value: Any, indent: int = 2) -> None:
+    """Write ``value`` as JSON to ``path`` at once (through a temporary file); the folder is created."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    rewrite(p, [(json.dumps(value, indent=indent, ensure_ascii=False) + "\n").encode("utf-8")])
+
+
+def write_manifest(path: str | os.PathLike, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Write a manifest with provenance added (package version, git commit, start time); a folder resumed keeps
+    its first start time and lists every resume in ``resumed_at``. Returns what was written."""
+    old = read_manifest(path)
+    out = {**manifest, "package_version": package_version(), "git_commit": git_commit(),
+           "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if Path(path).exists():
+        out["resumed_at"] = old.get("resumed_at", []) + [out["started_at"]]
+        out["started_at"] = old.get("started_at", out["started_at"])
+    write_json(path, out)
+    return out
+
+
+def package_version() -> str:
+    """memagent's installed version (``unknown`` in a source checkout that is not installed)."""
+    try:
+        from importlib.metadata import version
+
+        return version("memagent")
+    except Exception:  # not installed: source checkout
+        return "unknown"
+
+
+def git_commit() -> str | None:
+    """The commit of the checkout memagent runs from, when it is one."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, cwd=Path(__file__).parent)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: str | os.PathLike, log: Callable[[str], None] | None = None) -> Iterator[None]:
+    """Hold an exclusive lock on a run folder (``fcntl.flock`` on ``RUN/.lock``) for the ``with`` block, so that
+    two ``memagent eval`` processes never append to one folder at once. The kernel releases the lock when the
+    process ends, however it ends, so a killed run never leaves the folder locked; the ``.lock`` file itself
+    stays. A no-op where ``fcntl`` does not exist (not POSIX), and, with a warning to ``log``, on a file
+    system that refuses locks.
+
+    Raises:
+        ConfigError: another process holds the lock (naming the folder).
+    """
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        yield
+        return
+    path = Path(run_dir) / ".lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f = open(path, "a+b")
+    try:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise ConfigError(f"run folder {str(run_dir)!r} is locked: another memagent eval is writing to it "
+                                  f"({path}); wait for it to finish, or use another --output folder") from None
+            (log or (lambda _msg: None))(f"warning: cannot lock run folder {str(run_dir)!r} ({e.strerror or e}); "
+                                         "running without a lock")
+        yield
+    finally:
+        f.close()  # closing the only descriptor releases the lock

@@ -1,0 +1,71 @@
+"""``memagent run``'s predictions file and its ``--resume``: which samples are done, and the settings check."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from memagent.errors import DataError, MemagentError
+from memagent.runfiles.jsonl import complete_lines, parse_line, rewrite
+from memagent.runfiles.resume import describe, setting_changes
+from memagent.runfiles.rows import row_sample_id
+
+
+def finished_ids(path: str | os.PathLike) -> set[str]:
+    """Ids of the samples a predictions file already holds with status ``ok`` (a torn last row is not counted).
+
+    Raises:
+        DataError: a complete line is not JSON (the file is not one a previous run wrote).
+    """
+    p = Path(path)
+    done: set[str] = set()
+    for n, line in complete_lines(p):
+        if not line.strip():
+            continue
+        row = parse_line(line)
+        if row is None:
+            raise DataError(f"{p}:{n}: not a predictions row; --resume needs the file a previous run wrote")
+        if isinstance(row, dict) and row.get("status") == "ok" and row_sample_id(row) is not None:
+            done.add(row_sample_id(row))
+    return done
+
+
+def resume_predictions(path: str | os.PathLike, settings: dict[str, Any],
+                       defaults: dict[str, Any] | None = None) -> set[str]:
+    """Before ``--resume`` appends to ``path``: refuse rows made with other settings (the rule of
+    :mod:`memagent.runfiles.resume`), then keep only the ``ok`` rows (error rows are run again, and a torn last
+    row is cut), so each sample ends with one row.
+
+    Args:
+        path: the predictions file.
+        settings: what a prediction depends on now (recorded in every row).
+        defaults: the defaults of settings recorded only when off their default.
+
+    Returns:
+        the ids of the kept rows (the samples that are not run again).
+
+    Raises:
+        MemagentError: a row's recorded settings differ (names each difference), or the file cannot be rewritten.
+    """
+    p = Path(path)
+    if not p.exists():
+        return set()
+    keep, ids = [], set()
+    for _, line in complete_lines(p):
+        if not line.strip():
+            continue
+        row = parse_line(line)  # finished_ids has already named any line that is not JSON
+        old = row.get("settings") if isinstance(row, dict) else None
+        changes = setting_changes(old, settings, defaults=defaults) if isinstance(old, dict) else []
+        if changes:
+            raise MemagentError(f"--resume: {p} holds rows made with other settings ({describe(changes)}); use the "
+                                "same settings, or a new --output file")
+        if isinstance(row, dict) and row.get("status") == "ok":
+            keep.append(line + b"\n")
+            ids.add(row_sample_id(row))
+    try:
+        rewrite(p, keep)
+    except OSError as e:
+        raise MemagentError(f"cannot write --output {p}: {e.strerror}") from None
+    return ids

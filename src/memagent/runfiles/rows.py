@@ -1,0 +1,203 @@
+"""Prediction and result rows: one schema for ``memagent run`` and ``memagent eval``.
+
+A row records what one method produced for one sample. Every row holds the core fields; where it was written
+adds its own:
+
+=================  ==========================================================================================
+written by         fields, in order
+=================  ==========================================================================================
+``eval`` (cell)    ``method, task, length, length_unit, method_hash`` first
+every row          ``sample_id, status, error, question, answers, response, answer, extraction``
+``eval`` (scored)  ``metric, score, scores, context_tokens``
+every row          ``document_tokens, prompt_tokens, completion_tokens, turns, seconds, trace``
+``run``            ``prompt_hash, settings, metadata`` (a predictions file has no manifest, so each row
+                   carries what it was made with; ``--resume`` compares ``settings``)
+=================  ==========================================================================================
+
+``status`` is ``ok`` or ``error`` (then ``error`` holds the message and every score is 0). Scores come from
+:func:`memagent.scoring.score`. Rows made before this schema by ``memagent run`` named the sample ``id``; the
+readers accept both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from memagent.errors import DataError
+from memagent.runfiles.jsonl import JsonlWriter, repair_tail
+from memagent.types import Sample, Trajectory
+
+#: Fields every eval result row must have (what summaries and resume read), with their JSON types.
+ROW_FIELDS = {"method": str, "task": str, "length": int, "sample_id": (str, int), "status": str, "score": (int, float),
+              "scores": dict}
+
+#: Optional fields that summaries read, with their JSON types (``None`` allowed).
+OPTIONAL_ROW_FIELDS = {"context_tokens": (int, float), "seconds": (int, float), "answer": str, "length_unit": str, "metric": str}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a method produced for one sample (a memory-agent trajectory or one direct call).
+
+    Attributes:
+        response: raw text of the final call ("" on error).
+        answer, extraction: the extracted answer and how it was found (:mod:`memagent.answers`).
+        error: the error message, or ``None``.
+        document_tokens: tokens of the document the method read (after truncation), when known.
+        prompt_tokens, completion_tokens: summed over the method's calls.
+        turns: number of calls.
+        seconds: model time.
+    """
+
+    response: str = ""
+    answer: str = ""
+    extraction: str = "empty"
+    error: str | None = None
+    document_tokens: int | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    turns: int = 0
+    seconds: float = 0.0
+
+    @classmethod
+    def of_trajectory(cls, traj: Trajectory) -> Outcome:
+        """The outcome of a memory-agent trajectory (token counts summed over its turns)."""
+        return cls(traj.response, traj.answer, traj.extraction, traj.error, traj.document_tokens,
+                   sum(t.prompt_tokens for t in traj.turns), sum(t.completion_tokens for t in traj.turns),
+                   len(traj.turns), traj.seconds)
+
+
+def result_row(sample: Sample, outcome: Outcome, *, cell: Mapping[str, Any] | None = None, metrics: Sequence[str] = (),
+               trace: str | None = None, provenance: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """One row of the schema above.
+
+    Args:
+        sample: the sample answered.
+        outcome: what the method produced.
+        cell: eval only: ``method, task, length, length_unit, method_hash``.
+        metrics: verifier names, primary first; empty: an unscored row (``memagent run``).
+        trace: where the sample's turns are (a path relative to the run folder, or the ``--trace`` file).
+        provenance: ``run`` only: ``prompt_hash`` and ``settings``; the sample's metadata is added.
+    """
+    from memagent.scoring import scores as score_all
+
+    o = outcome
+    row: dict[str, Any] = {**(cell or {}), "sample_id": sample.id, "status": "error" if o.error else "ok",
+                           "error": o.error, "question": sample.question, "answers": list(sample.answers),
+                           "response": o.response, "answer": o.answer, "extraction": o.extraction}
+    if metrics:
+        got = ({m: 0.0 for m in metrics} if o.error
+               else score_all(metrics, o.response, sample.answers, answer=o.answer))
+        row.update(metric=metrics[0], score=got[metrics[0]], scores=got, context_tokens=sample.metadata.get("length_tokens"))
+    row.update(document_tokens=o.document_tokens, prompt_tokens=o.prompt_tokens, completion_tokens=o.completion_tokens,
+               turns=o.turns, seconds=round(o.seconds, 4), trace=trace)
+    if provenance is not None:
+        row.update(provenance)
+        row["metadata"] = sample.metadata
+    return row
+
+
+def row_sample_id(row: Mapping[str, Any]) -> str | None:
+    """The sample id of a row (``sample_id``; ``id`` in predictions written before the shared schema)."""
+    value = row.get("sample_id", row.get("id"))
+    return None if value is None else str(value)
+
+
+def row_key(row: Mapping[str, Any]) -> tuple[str, str, int, str]:
+    """The identity of an eval result row: (method, task, length, sample id)."""
+    return (row["method"], row["task"], int(row["length"]), str(row["sample_id"]))
+
+
+def check_row(row: Any, where: str) -> None:
+    """Check one parsed eval result row against :data:`ROW_FIELDS` and :data:`OPTIONAL_ROW_FIELDS`.
+
+    Raises:
+        DataError: naming ``where`` (file:line) and the field, with what to do.
+    """
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: malformed result row (expected a JSON object, got {type(row).__name__})")
+    for key, typ in ROW_FIELDS.items():
+        if key not in row:
+            raise DataError(f"{where}: malformed result row (no {key!r} field); fix or remove that line")
+        if not isinstance(row[key], typ) or isinstance(row[key], bool):
+            raise DataError(f"{where}: malformed result row ({key!r} is {row[key]!r}); fix or remove that line")
+    for key, typ in OPTIONAL_ROW_FIELDS.items():
+        v = row.get(key)
+        if v is not None and (not isinstance(v, typ) or isinstance(v, bool)):
+            raise DataError(f"{where}: malformed result row ({key!r} is {v!r}); fix or remove that line")
+    for name, v in row["scores"].items():
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            raise DataError(f"{where}: malformed result row (score {name!r} is {v!r}, not a number); fix or remove that line")
+
+
+def read_results(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Rows of a ``results.jsonl`` (a torn last line is ignored; duplicates resolved, last wins).
+
+    Raises:
+        DataError: missing file, or a malformed line other than the last.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"results file {str(p)!r} not found")
+    lines = p.read_bytes().split(b"\n")
+    rows: dict[tuple, dict[str, Any]] = {}
+    for i, raw in enumerate(lines, 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise DataError(f"{p}:{i}: result row is not UTF-8 text; fix or remove that line") from None
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines):  # torn by a kill while writing
+                break
+            raise DataError(f"{p}:{i}: malformed result row") from None
+        check_row(row, f"{p}:{i}")
+        rows[row_key(row)] = row
+    return list(rows.values())
+
+
+class ResultWriter:
+    """Appends rows to an eval ``results.jsonl``, flushing and fsync'ing each one.
+
+    On open, a last line without a newline (a row torn by a kill) is cut off, and the keys and method hashes of
+    the complete rows are loaded for resume checks.
+
+    Attributes:
+        done: ``row_key -> status`` of every row (of a key written twice, the last).
+        hashes: method -> the method hashes its rows carry.
+        tasks: tasks with rows.
+        metrics: task -> the metric lists its rows were scored with.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.done: dict[tuple[str, str, int, str], str] = {}
+        self.hashes: dict[str, set[str]] = {}
+        self.tasks: set[str] = set()
+        self.metrics: dict[str, set[tuple[str, ...]]] = {}
+        if self.path.exists():
+            repair_tail(self.path)
+            for row in read_results(self.path):
+                self._record(row)
+        self._out = JsonlWriter(self.path, append=True, fsync=True)
+
+    def _record(self, row: dict[str, Any]) -> None:
+        self.done[row_key(row)] = row["status"]
+        self.hashes.setdefault(row["method"], set()).add(row.get("method_hash", ""))
+        self.tasks.add(row["task"])
+        self.metrics.setdefault(row["task"], set()).add(tuple(row["scores"]))
+
+    def write(self, row: dict[str, Any]) -> None:
+        self._out.write(row)
+        self._record(row)
+
+    def close(self) -> None:
+        self._out.close()

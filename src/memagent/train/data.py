@@ -1,0 +1,96 @@
+"""The questions a training run learns from and is validated on, and which of them each step takes."""
+
+from __future__ import annotations
+
+import os
+import random
+
+from memagent.errors import DataError
+from memagent.train.config import TrainConfig
+
+
+def check_gold(samples, where: str) -> None:
+    """Refuse, before any step, samples without gold answers: their reward cannot be computed.
+
+    Raises:
+        DataError: naming the file and the first ids.
+    """
+    missing = [s.id for s in samples if not s.answers]
+    if missing:
+        raise DataError(f"{len(missing)} of {len(samples)} samples in {where} have no gold answers (ids "
+                        f"{', '.join(map(repr, missing[:5]))}{', ...' if len(missing) > 5 else ''}); the reward needs "
+                        "them: add answers or drop those samples")
+
+
+def _resolve(path: str) -> str:
+    if os.path.exists(path):
+        return path
+    from memagent.data.paths import data_file
+
+    return os.fspath(data_file(path))
+
+
+def train_data(cfg: TrainConfig) -> list:
+    """The training questions: ``data.train_path``, else generated needle questions.
+
+    Raises:
+        DataError: the file holds no samples.
+    """
+    d = cfg.data
+    if d.train_path:
+        from memagent.data.io import read_samples
+
+        samples = read_samples(_resolve(d.train_path))
+        if not samples:
+            raise DataError(f"data.train_path {d.train_path} holds no samples")
+        return samples
+    from memagent.train.synthetic import needle_samples
+
+    return needle_samples(d.synthetic_train_size, d.synthetic_context_words, cfg.run.seed, "train")
+
+
+def val_data(cfg: TrainConfig) -> dict[int, list]:
+    """Validation questions per length multiplier (``{1: samples}`` for a ``data.val_path`` file).
+
+    Raises:
+        DataError: the file holds no samples.
+    """
+    d = cfg.data
+    if d.val_path:
+        from memagent.data.io import read_samples
+
+        samples = read_samples(_resolve(d.val_path), limit=d.val_size)
+        if not samples:
+            raise DataError(f"data.val_path {d.val_path} holds no samples")
+        return {1: samples}
+    if d.synthetic is None:
+        return {}
+    if d.train_path:
+        import warnings
+
+        warnings.warn(f"training on {d.train_path} but validating on synthetic {d.synthetic} questions; set "
+                      "data.val_path to validate on your own data (or data.synthetic=null for none)", stacklevel=2)
+    from memagent.train.synthetic import needle_samples
+
+    n = min(d.synthetic_val_size, d.val_size)
+    return {m: needle_samples(n, d.synthetic_context_words * m, cfg.run.seed + 1, f"val{m}x")
+            for m in d.val_context_multipliers}
+
+
+def step_samples(samples: list, cfg: TrainConfig, step: int, rank: int, world_size: int) -> tuple[list, int]:
+    """This process's questions for ``step`` and the global index of its first one.
+
+    Questions are taken in data order (reshuffled per epoch when ``data.shuffle``); process ``r`` of ``W``
+    takes the ``r``-th contiguous block of ``prompts_per_step / W``.
+    """
+    n, per = len(samples), cfg.rl.prompts_per_step
+    local = per // world_size
+    first = step * per + rank * local
+    out = []
+    for g in range(first, first + local):
+        epoch, pos = divmod(g, n)
+        order = list(range(n))
+        if cfg.data.shuffle:
+            random.Random(f"{cfg.run.seed}/epoch{epoch}").shuffle(order)
+        out.append(samples[order[pos]])
+    return out, first

@@ -1,0 +1,107 @@
+"""Rollout engines: what generates the rollouts (and validation answers), and how it gets new weights.
+
+The trainer talks to an engine through two seams: :attr:`RolloutEngine.backend` (a
+:class:`memagent.backends.base.Backend` that returns exact token ids, built through the one backend factory)
+and :meth:`RolloutEngine.sync` (bring the engine up to the policy's weights after an update or a resume).
+:func:`make_engine` picks one from ``run.rollout_engine``; another engine (e.g. a llama.cpp one that gets an
+adapter pushed after each step) subclasses :class:`RolloutEngine` and is added there.
+
+Under FSDP the policy is sharded, so rollouts run on an unsharded copy (:attr:`RolloutEngine.rollout_policy`)
+that :meth:`sync` refreshes from the gathered full weights (a collective: every rank calls it).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from typing import Any
+
+import torch
+
+from memagent.backends.factory import open_backend
+from memagent.train.config import TrainConfig
+from memagent.train.distributed import DistInfo, barrier
+
+
+class RolloutEngine:
+    """Rollouts on the policy module itself through transformers ``generate`` (``run.rollout_engine=hf``).
+
+    Args:
+        cfg: the training configuration.
+        dist: process placement.
+        policy: the (not yet sharded) policy module.
+        tokenizer: its transformers tokenizer.
+        fsdp: the policy will be sharded: roll out on an unsharded copy.
+
+    Attributes:
+        rollout_policy: the module rollouts run on (the policy itself, or its unsharded copy under FSDP).
+        backend: the rollout backend.
+    """
+
+    def __init__(self, cfg: TrainConfig, dist: DistInfo, policy: torch.nn.Module, tokenizer: Any, fsdp: bool):
+        self.cfg, self.dist, self.policy, self.tokenizer, self.fsdp = cfg, dist, policy, tokenizer, fsdp
+        self.rollout_policy = copy.deepcopy(policy).eval().requires_grad_(False) if fsdp else policy
+        self.backend = self.build_backend()
+
+    def build_backend(self):
+        """The rollout backend (here: :class:`memagent.backends.hf.HFBackend` on :attr:`rollout_policy`)."""
+        backend, _ = open_backend({"name": "hf", "model": self.rollout_policy, "tokenizer": self.tokenizer,
+                                   "max_batch_size": self.cfg.agent.rollout.batch_size, "seed": self.cfg.run.seed})
+        return backend
+
+    def sync(self) -> None:
+        """Bring the rollouts up to the policy's weights after they changed (an update or a resume).
+
+        FSDP: gather the full weights (a collective: every rank calls this) into the unsharded rollout copy.
+        Otherwise rollouts run on the policy module itself and nothing is copied."""
+        if self.fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            full = get_model_state_dict(self.policy, options=StateDictOptions(full_state_dict=True))
+            self.rollout_policy.load_state_dict(full)
+
+    def save_policy(self, path: str) -> None:
+        """Write the full rollout weights and tokenizer as a model directory (also under FSDP)."""
+        self.rollout_policy.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+
+    def close(self) -> None:
+        """Release the engine. Call it after the last collective of the run."""
+        self.backend.close()
+
+
+class VLLMEngine(RolloutEngine):
+    """Rollouts on an in-process vLLM engine (``run.rollout_engine=vllm``), started from the policy's weights
+    (written once to ``output_dir/rollout_init``, which vLLM loads) and given the new weights in memory after
+    every step. Closing it shuts the engine down (under torchrun vLLM's teardown also destroys the process
+    groups it joined)."""
+
+    def build_backend(self):
+        init = os.path.join(self.cfg.run.output_dir, "rollout_init")
+        if self.dist.is_main:
+            self.rollout_policy.save_pretrained(init)
+            self.tokenizer.save_pretrained(init)
+        barrier()
+        extra = {}
+        if self.dist.enabled:  # one engine per process, inside the torchrun world vLLM finds already set up
+            extra = {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1}
+        backend, _ = open_backend({"name": "vllm", "model": init, "dtype": self.cfg.model.dtype,
+                                   "seed": self.cfg.run.seed + self.dist.rank,
+                                   "gpu_memory_utilization": self.cfg.run.vllm_gpu_memory_utilization,
+                                   "weight_sync": True, "tokenizer": self.tokenizer, **extra})
+        return backend
+
+    def sync(self) -> None:
+        """Gather the full weights (FSDP), then copy them into the engine."""
+        super().sync()
+        with torch.no_grad():
+            self.backend.load_weights((n, p.detach()) for n, p in self.rollout_policy.named_parameters())
+
+
+#: ``run.rollout_engine`` -> engine class.
+ENGINES = {"hf": RolloutEngine, "vllm": VLLMEngine}
+
+
+def make_engine(cfg: TrainConfig, dist: DistInfo, policy: torch.nn.Module, tokenizer: Any, fsdp: bool) -> RolloutEngine:
+    """The rollout engine ``run.rollout_engine`` names."""
+    return ENGINES[cfg.run.rollout_engine](cfg, dist, policy, tokenizer, fsdp)

@@ -1,0 +1,79 @@
+"""The policy: loading it, its optimizer and learning-rate schedule, and the process-wide RNG seeds.
+
+A different policy (a LoRA adapter over frozen base weights, say) plugs in here: :func:`load_policy` returns the
+module and tokenizer, :func:`make_optimizer` optimizes whatever parameters require gradients.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import torch
+
+from memagent.train.config import TrainConfig
+
+
+def load_policy(cfg: TrainConfig) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` for ``cfg.model.path`` (``tiny``, ``smollm2``, HF directory or ``.gguf``)."""
+    from memagent.backends.hf import load_hf_model
+
+    path = cfg.model.path
+    if path == "tiny":
+        from memagent.train.tiny import make_tiny_model, make_tiny_tokenizer
+
+        tok = make_tiny_tokenizer()
+        model = make_tiny_model(tok, seed=cfg.run.seed)
+        return model.to(torch.float32 if cfg.model.dtype == "float32" else torch.bfloat16), tok
+    if path == "smollm2":
+        from memagent.embedded import smollm2_gguf_path
+
+        path = smollm2_gguf_path()
+    return load_hf_model(path, cfg.model.dtype)
+
+
+def lr_lambda(warmup_steps: int, total_steps: int, schedule: str):
+    """Multiplier of the base learning rate at training step ``k`` (0-based): linear warmup over
+    ``warmup_steps``, then constant or cosine decay to 0 at ``total_steps``."""
+
+    def f(k: int) -> float:
+        if warmup_steps and k < warmup_steps:
+            return (k + 1) / warmup_steps
+        if schedule == "cosine":
+            span = max(1, total_steps - warmup_steps)
+            return 0.5 * (1 + math.cos(math.pi * min(1.0, (k - warmup_steps) / span)))
+        return 1.0
+
+    return f
+
+
+def make_optimizer(policy: torch.nn.Module, cfg: TrainConfig) -> tuple[torch.optim.Optimizer, Any]:
+    """AdamW over the policy's parameters and its per-step schedule (``optim`` section)."""
+    o = cfg.optim
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(o.warmup_steps, cfg.run.total_steps, o.schedule))
+    return optimizer, scheduler
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global generators."""
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def rng_state() -> dict[str, Any]:
+    import numpy as np
+
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    import numpy as np
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])

@@ -1,0 +1,384 @@
+"""Memory diagnostics: containment, repetition, word diffs, capture / retention / outcome classes on hand-built
+traces, cell aggregation, and a whole run folder through `memagent report` (CSV columns, missing traces)."""
+
+import csv
+import json
+import re
+
+import pytest
+
+from memagent.backends.scripted import ScriptedBackend
+from memagent.data.io import write_samples
+from memagent.data.schema import evidence_item
+from memagent.errors import DataError
+from memagent.eval.diagnostics import (
+    contains,
+    diagnose_agent,
+    diagnose_direct,
+    memory_health,
+    repeated_ngram_share,
+    summarize_diagnostics,
+    targets_of,
+)
+from memagent.eval.html import word_diff
+from memagent.eval.grid import EvalConfig
+from memagent.eval.runner import EvalRunner
+from memagent.types import Sample
+
+
+def test_contains_is_normalised_and_word_bounded():
+    assert contains("The magic number is: 1234567.", "1234567")
+    assert not contains("The magic number is 12345678", "1234567")
+    assert contains("VAR ABCDE = VAR XYZQW", "abcde") and not contains("VAR ABCDEF", "ABCDE")
+    assert contains("Moved to New-York City", "new york city") is False  # the hyphen joins the words
+    assert contains("He lives in the U.S.A. now", "usa")
+    assert contains("a note", "A") and not contains("an other", "a")  # an articles-only gold keeps its articles
+    assert not contains("", "x") and not contains("anything", "")
+
+
+def test_repeated_ngram_share():
+    assert repeated_ngram_share("a b c d a b c d") == pytest.approx(0.2)  # 5 four-grams, 4 distinct
+    assert repeated_ngram_share("one two three four five") == 0.0
+    assert repeated_ngram_share("too short here") is None
+    assert repeated_ngram_share("X y, z w. x Y z W x y z w") == pytest.approx(1 - 4 / 9)  # case and punctuation ignored
+
+
+def test_word_diff_reconstructs_both_sides():
+    old, new = "The key is 123.\nNothing else.", "The key is 123.\nThe value 42 too.\n"
+    ops = word_diff(old, new)
+    assert "".join(t for op, t in ops if op != "-") == new
+    assert "".join(t for op, t in ops if op != "+") == old
+    assert ("=", "The key is 123.\n") in ops and ("-", "Nothing else.") in ops
+    assert word_diff("", "a b") == [("+", "a b")] and word_diff("same", "same") == [("=", "same")]
+    # a word stays kept when only the whitespace after it changes
+    assert word_diff("is 3144857.", "is 3144857.\n\nis 3144857.") == [("=", "is 3144857."), ("+", "\n\nis 3144857.")]
+
+
+def _ctx():
+    # 0....:....1....:....2....:....3....:....4....:....5....:....6
+    ctx = "filler text. The code for owl is 7654321. more filler text here."
+    a = ctx.index("The code")
+    b = ctx.index("7654321.") + len("7654321.")
+    return ctx, [evidence_item(ctx, a, b, "needle", answer="7654321", key="owl")]
+
+
+def test_targets_of_stated_alias_and_unmeasurable():
+    ctx, ev = _ctx()
+    (t,), note = targets_of(ctx, ["7654321"], {"evidence": ev})
+    assert (t.label, t.aliases, t.spans, note) == ("7654321", ("7654321",), ((13, 41),), "")
+    para = [evidence_item(ctx, 0, 41, "supporting_paragraph")]
+    (t,), _ = targets_of(ctx, ["7654321", "seven"], {"evidence": para})  # aliases: the gold answers stated in the paragraph
+    assert t.aliases == ("7654321", "seven") and t.spans == ((0, 41),)
+    assert targets_of(ctx, ["yes"], {"evidence": para}) == ([], "the gold answer is yes/no or empty: its capture cannot be told by containment")
+    assert targets_of(ctx, ["Paris"], {"evidence": para})[1] == "no evidence span states the gold answer literally"
+    assert targets_of(ctx, ["x"], {})[1] == "no evidence positions in the sample's metadata"
+    with pytest.raises(DataError, match=r"evidence\[0\]\.text is not the context's text at \[0, 4\)"):
+        targets_of(ctx, ["x"], {"evidence": [{"start_char": 0, "end_char": 4, "text": "nope"}]})
+    with pytest.raises(DataError, match=r"evidence\[0\] needs integer start_char <= end_char within the context \(0\.\.64\)"):
+        targets_of(ctx, ["x"], {"evidence": [{"start_char": 5, "end_char": 99}]})
+
+
+def _turns(memories, chunks, finish=None, tokens=None):
+    rows = [{"kind": "update", "chunk_index": k, "chunk_chars": list(c[0]) if len(c) == 1 else None,
+             "context_chars": [list(r) for r in c], "memory": m, "finish_reason": (finish or {}).get(k, "stop"),
+             "completion_tokens": (tokens or {}).get(k, 5)} for k, (m, c) in enumerate(zip(memories, chunks))]
+    return rows + [{"kind": "final", "chunk_index": None, "memory": memories[-1], "finish_reason": "stop"}]
+
+
+CHUNKS = [[(0, 20)], [(20, 45)], [(45, 64)]]  # the needle [13, 41) ends in chunk 1
+
+
+def _row(score=0.0, status="ok"):
+    return {"method": "m", "task": "t", "length": 1, "sample_id": "s", "status": status, "score": score}
+
+
+@pytest.mark.parametrize("memories, score, outcome, captured, retained, lost_at", [
+    (["", "owl 7654321", "owl 7654321 kept"], 1.0, "correct", True, True, None),
+    (["", "owl 7654321", "owl 7654321 kept"], 0.0, "retained_wrong", True, True, None),
+    (["", "owl is 7654321", "something else"], 0.0, "captured_then_lost", True, False, 2),
+    (["", "nothing", "still nothing"], 0.0, "never_captured", False, False, None),
+    (["7654321?", "nothing", "7654321 again"], 0.0, "retained_wrong", False, True, None),  # held at the end, not at its chunk
+])
+def test_agent_outcomes(memories, score, outcome, captured, retained, lost_at):
+    ctx, ev = _ctx()
+    sample = {"context": ctx, "answers": ["7654321"], "metadata": {"evidence": ev}}
+    d = diagnose_agent(_row(score), sample, _turns(memories, CHUNKS))
+    assert (d.outcome, d.read, d.captured, d.retained, d.lost_at) == (outcome, True, captured, retained, lost_at)
+    assert d.targets[0].evidence_chunks == [1]
+    assert d.targets[0].captured_at == (1 if captured else None)
+
+
+def test_truncated_evidence_is_not_read_and_traces_without_context_chars():
+    ctx, ev = _ctx()
+    sample = {"context": ctx, "answers": ["7654321"], "metadata": {"evidence": ev}}
+    cut = [[(0, 20)], [(50, 64)]]  # center truncation kept [0, 20) and [50, 65): the needle is gone
+    d = diagnose_agent(_row(), sample, _turns(["a", "b"], cut))
+    assert (d.outcome, d.read, d.captured, d.targets[0].read) == ("not_read", False, None, False)
+    # an older trace (chunk_chars only): a whole read document maps one to one; a truncated one needs the view
+    old = [{k: v for k, v in t.items() if k != "context_chars"} for t in _turns(["", "owl 7654321", "x"], CHUNKS)]
+    assert diagnose_agent(_row(), sample, old).outcome == "captured_then_lost"
+    short = [dict(t, chunk_chars=[0, 20]) if t.get("chunk_index") == 0 else dict(t, chunk_chars=[20, 35]) for t in old[:2]]
+    d = diagnose_agent(_row(), sample, short)
+    assert d.outcome == "unmeasured" and "tokenizer" in d.note
+    d = diagnose_agent(_row(), sample, short, view=[(0, 20), (50, 64)])
+    assert d.outcome == "not_read"
+
+
+def test_no_trace_error_and_missing_sample():
+    ctx, ev = _ctx()
+    sample = {"context": ctx, "answers": ["7654321"], "metadata": {"evidence": ev}}
+    d = diagnose_agent(_row(), sample, None)
+    assert (d.outcome, d.read, d.captured, d.note) == ("unmeasured", None, None, "no trace for this row")
+    d = diagnose_agent(_row(), sample, None, view=[(0, 64)])  # no memory to look at, but the whole document was read
+    assert (d.outcome, d.read) == ("unmeasured", True)
+    assert diagnose_agent(_row(), sample, None, view=[(0, 10)]).outcome == "not_read"
+    assert diagnose_agent(_row(1.0, "error"), sample, _turns(["x"], [[(0, 64)]])).outcome == "error"
+    d = diagnose_agent(_row(1.0), None, None)
+    assert d.outcome == "correct" and "not in the run folder" in d.note
+
+
+def test_direct_in_view():
+    ctx, ev = _ctx()
+    sample = {"context": ctx, "answers": ["7654321"], "metadata": {"evidence": ev}}
+    assert diagnose_direct(_row(), sample, [(0, 45)]).outcome == "in_view_wrong"
+    assert diagnose_direct(_row(), sample, [(0, 30), (50, 64)]).outcome == "not_read"
+    assert diagnose_direct(dict(_row(), document_chars=[[0, 64]]), sample).read is True
+    d = diagnose_direct(_row(), sample)
+    assert d.outcome == "unmeasured" and "--tokenizer" in d.note
+    assert diagnose_direct(_row(1.0), sample, [(0, 10)]).outcome == "correct"
+
+
+def test_memory_health_and_cell_summary():
+    turns = _turns(["a b c d a b c d", "a b c d a b c d", "", "one two three four"], [[(0, 1)]] * 4,
+                   finish={0: "length", 1: "length"}, tokens={0: 64, 1: 64, 2: 1, 3: 7})
+    turns.insert(2, {"kind": "update", "chunk_index": 9, "memory": "x", "finish_reason": "error"})  # failed: left out
+    h = memory_health(turns)
+    assert h.tokens == [64, 64, 1, 7] and h.cap_hits == [True, True, False, False]
+    assert h.repetition == [pytest.approx(0.2), pytest.approx(0.2), None, 0.0]
+    assert h.empty == [False, False, True, False] and h.unchanged == [True, False, False]
+
+    ctx, ev = _ctx()
+    sample = {"context": ctx, "answers": ["7654321"], "metadata": {"evidence": ev}}
+    ds = [diagnose_agent(_row(), sample, _turns(m, CHUNKS)) for m in
+          (["", "owl 7654321", "owl 7654321"], ["", "7654321", "gone"], ["", "no", "no"], ["", "no", "no"])]
+    ds.append(diagnose_agent(_row(), sample, None))  # no trace: counted in n, not in the percentages
+    ds.append(diagnose_agent(dict(_row(), status="error"), sample, None))
+    (c,) = summarize_diagnostics(ds)
+    assert c.n == 6 and c.outcomes == {"correct": 0, "retained_wrong": 1, "captured_then_lost": 1, "never_captured": 2,
+                                       "not_read": 0, "in_view_wrong": 0, "unmeasured": 1, "error": 1}
+    assert (c.n_read, c.read_pct, c.n_tracked, c.captured_pct, c.retained_pct) == (4, 100.0, 4, 50.0, 25.0)
+    # every sample's first memory is empty: 4 of 12 updates
+    assert (c.n_updates, c.memory_tokens_mean, c.cap_hit_pct) == (12, 5.0, 0.0)
+    assert c.empty_memory_pct == pytest.approx(100 * 4 / 12)
+    # unchanged, over each sample's 2nd and 3rd update: only the 3rd of samples 1, 3 and 4 repeats its memory
+    assert c.unchanged_memory_pct == pytest.approx(100 * 3 / 8)
+    assert c.metrics()["captured_pct"] == 50.0 and c.metrics()["never_captured_pct"] == pytest.approx(100 * 2 / 6)
+    assert "read_pct" in c.metrics() and "captured_pct" not in summarize_diagnostics(ds[4:])[0].metrics()
+
+
+# ------------------------------------------------------------------------------------- a whole run folder
+FILL = "lorem ipsum dolor. " * 12  # 228 characters
+BEHAVIOUR = {"keep": "start", "wrong": "start", "drop": "middle", "blind": "middle"}
+_SECTION = re.compile(r"<section>\n(.*?)\n</section>", re.S)
+_MEMORY = re.compile(r"<memory>\n(.*?)\n</memory>", re.S)
+_CODE = re.compile(r"is (\d{7})")
+
+
+def _sample(i: int, sid: str) -> Sample:
+    code = str(7000000 + 1111 * i)
+    needle = f"The code for {sid} is {code}."
+    ctx = needle + " " + FILL * 2 if BEHAVIOUR[sid] == "start" else FILL + needle + " " + FILL
+    a = ctx.index(needle)
+    ev = [evidence_item(ctx, a, a + len(needle), "needle", answer=code, key=sid)]
+    return Sample(sid, f"What is the code for {sid}?", ctx, (code,), {"evidence": ev})
+
+
+def toy_responder(req):
+    sid, kind = req.request_id.split("/")
+    prompt = req.messages[-1].content
+    if kind == "direct":
+        code = _CODE.search(prompt)
+        return "\\boxed{" + (code.group(1) if code and sid == "keep" else "none") + "}"
+    memory = (_MEMORY.search(prompt) or [None, ""])[1]
+    if kind == "final":
+        code = _CODE.search(memory)
+        return "\\boxed{" + (code.group(1) if code and sid == "keep" else "none") + "}"
+    found = _CODE.search(_SECTION.search(prompt).group(1))
+    if sid == "blind":
+        return "nothing to note"
+    if sid == "drop":
+        return f"the code is {found.group(1)}" if found else "nothing new"
+    return f"the code is {found.group(1)}" if found else (memory if _CODE.search(memory) else "nothing yet")
+
+
+def toy_run(tmp_path):
+    """A run folder of 4 samples x 3 methods whose outcomes are known by construction."""
+    samples = [_sample(i, sid) for i, sid in enumerate(BEHAVIOUR)]
+    write_samples(tmp_path / "toy.jsonl", samples)
+    cfg = EvalConfig.from_dict({
+        "name": "toy", "output": str(tmp_path / "run"), "backend": {"name": "scripted"},
+        "methods": [
+            {"name": "memagent", "kind": "memory_agent", "chunk_tokens": 120, "memory_tokens": 64, "final_tokens": 32},
+            {"name": "truncated", "kind": "memory_agent", "chunk_tokens": 120, "memory_tokens": 64, "final_tokens": 32,
+             "max_context_tokens": 200},
+            {"name": "direct", "kind": "direct", "max_input_tokens": 420, "max_new_tokens": 32},
+        ],
+        "tasks": [{"name": "toy", "lengths": [500], "samples": 4, "files": {500: str(tmp_path / "toy.jsonl")}}],
+    })
+    runner = EvalRunner(cfg, backend=ScriptedBackend(responder=toy_responder))
+    runner.run()
+    return tmp_path / "run", runner.tokenizer
+
+
+def _csv(path):
+    return {r["method"]: r for r in csv.DictReader(path.read_text().splitlines())}
+
+
+def test_run_folder_report_and_missing_traces(tmp_path):
+    from memagent.eval.report import write_report
+
+    run, tok = toy_run(tmp_path)
+    files = write_report([run], tokenizer=tok)
+    assert [f.name for f in files] == ["summary.csv", "summary.md", "accuracy.png", "report.html"]
+    rows = _csv(run / "summary.csv")
+    m, t, d = rows["memagent"], rows["truncated"], rows["direct"]
+    assert (m["n_correct"], m["n_retained_wrong"], m["n_captured_then_lost"], m["n_never_captured"]) == ("1", "1", "1", "1")
+    assert (m["read_pct"], m["captured_pct"], m["retained_pct"], m["n_tracked"]) == ("100.0", "75.0", "50.0", "4")
+    assert (t["n_not_read"], t["read_pct"], t["n_tracked"]) == ("2", "50.0", "2")  # the middle needles were cut away
+    assert (d["n_correct"], d["n_in_view_wrong"], d["n_not_read"], d["read_pct"]) == ("1", "1", "2", "50.0")
+    assert d["captured_pct"] == "" and d["cap_hit_pct"] == ""  # no memory: not measured, not zero
+    md = (run / "summary.md").read_text()
+    assert "## Memory diagnostics" in md and "| direct | toy | 500 | 4 | 25.0 | 50.0 | n/a | n/a |" in md
+    page = (run / "report.html").read_text()
+    assert "http://" not in page.replace("http://www.w3.org", "") and "<link" not in page and "src='data:image/png;base64," in page
+    data = json.loads(re.search(r'<script id="report-data" type="application/json">(.*?)</script>', page, re.S).group(1))
+    drop = next(s for s in data["samples"] if s["method"] == "memagent" and s["sample_id"] == "drop")
+    assert drop["outcome"] == "captured_then_lost" and drop["lost_at"] == drop["targets"][0]["captured_at"] + 1
+    ev = [u for u in drop["timeline"] if u["evidence"]]
+    assert len(ev) == 1 and ev[0]["holds"] == [drop["gold"][0]] and ev[0]["chunk"] == drop["targets"][0]["captured_at"]
+
+    # without traces the memory is unknown: n/a, never 0
+    import shutil
+
+    shutil.rmtree(run / "traces")
+    write_report([run], out_dir=tmp_path / "again")  # no tokenizer given: the manifest's ("bytes") is loaded
+    rows = _csv(tmp_path / "again" / "summary.csv")
+    m, d = rows["memagent"], rows["direct"]
+    assert (m["captured_pct"], m["retained_pct"], m["cap_hit_pct"], m["n_updates"]) == ("", "", "", "0")
+    assert (m["n_correct"], m["n_unmeasured"], m["read_pct"]) == ("1", "3", "100.0")  # read: nothing truncated
+    assert (d["read_pct"], rows["truncated"]["read_pct"], rows["truncated"]["n_not_read"]) == ("50.0", "50.0", "2")
+    # a tokenizer that cannot be loaded here: where truncation cut is unknown too
+    manifest = json.loads((run / "manifest.json").read_text())
+    (run / "manifest.json").write_text(json.dumps({**manifest, "tokenizer": "elsewhere.gguf"}))
+    write_report([run], out_dir=tmp_path / "third", plot=False)
+    rows = _csv(tmp_path / "third" / "summary.csv")
+    assert (rows["direct"]["read_pct"], rows["direct"]["n_unmeasured"]) == ("", "3")
+    assert (rows["truncated"]["read_pct"], rows["memagent"]["read_pct"]) == ("", "100.0")
+
+
+def test_validation_metrics_names(tmp_path):
+    from memagent.eval.run_diagnostics import validation_metrics
+
+    run, _ = toy_run(tmp_path)
+    got = validation_metrics(run, {500: "val/x1"}, method="memagent")
+    assert (got["val/x1/captured_pct"], got["val/x1/retained_pct"], got["val/x1/read_pct"]) == (75.0, 50.0, 100.0)
+    assert (got["val/x1/never_captured_pct"], got["val/x1/correct_pct"], got["val/x1/error_pct"]) == (25.0, 25.0, 0.0)
+    assert got["val/x1/cap_hit_pct"] == 0.0 and "val/x1/memory_tokens_mean" in got
+    assert validation_metrics(run, {999: "val/x9"}) == {}
+    assert "val/x1/captured_pct" not in validation_metrics(run, {500: "val/x1"}, method="direct")
+
+
+# ------------------------------------------------------------------------------ the page in a real browser
+def _chromium() -> str:
+    import shutil
+
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        if shutil.which(name):
+            return shutil.which(name)
+    pytest.skip("no Chromium installed (Debian: apt-get install chromium)")
+
+
+def _headless(exe, tmp_path, url, *flags) -> str:
+    import subprocess
+
+    cmd = [exe, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}", *flags, url]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+def _rendered(dom: str) -> tuple[str, str]:
+    """The script-rendered parts of a dumped page: the sample view and the sample list (not the script's source)."""
+    listing, view = re.split(r'<div id="sample-view"[^>]*>', dom.split('<div id="sample-list">', 1)[1], maxsplit=1)
+    return view.split("<script", 1)[0], listing
+
+
+@pytest.mark.slow
+def test_report_page_in_headless_chromium(tmp_path):
+    from memagent.eval.report import write_report
+
+    exe = _chromium()
+    run, tok = toy_run(tmp_path)
+    write_report([run], tokenizer=tok)
+    page = run / "report.html"
+    samples = json.loads(re.search(r'<script id="report-data" type="application/json">(.*?)</script>',
+                                   page.read_text(), re.S).group(1))["samples"]
+    i = next(k for k, s in enumerate(samples) if s["method"] == "memagent" and s["sample_id"] == "drop")
+    # opening a sample's link renders its view: outcome, the evidence chunk marked, the diff highlighted
+    dom = _headless(exe, tmp_path, f"{page.as_uri()}#sample={i}", "--dump-dom")
+    view, listing = _rendered(dom)
+    assert view.startswith('<div id="sample-detail" data-sample-id="drop" data-outcome="captured_then_lost">')
+    assert '<div id="sample-view" class="open">' in dom  # the view opens as a panel
+    assert "captured then lost</span>" in view and f"(dropped at update {samples[i]['lost_at']})" in view
+    evidence_rows = re.findall(r'<tr class="evidence" data-chunk="(\d+)">', view)
+    assert evidence_rows == [str(samples[i]["targets"][0]["captured_at"])]
+    assert "<ins>" in view and "<del>" in view and f"★ evidence: {samples[i]['gold'][0]}" in view
+    assert len(re.findall(r'<a href="#sample=\d+"', listing)) == len(samples) == 12
+    # one click on a class lists exactly its samples (the filter is in the URL too)
+    view, listing = _rendered(_headless(exe, tmp_path, f"{page.as_uri()}#outcome=never_captured", "--dump-dom"))
+    listed = {int(k) for k in re.findall(r'<a href="#sample=(\d+)" id="item-', listing)}
+    assert listed == {k for k, s in enumerate(samples) if s["outcome"] == "never_captured"} and len(listed) == 1
+    assert "sample-detail" not in view
+    shot = tmp_path / "shot.png"
+    _headless(exe, tmp_path, f"{page.as_uri()}#sample={i}", f"--screenshot={shot}", "--window-size=1200,900")
+    assert shot.stat().st_size > 20000  # a rendered page, not a blank one
+
+
+@pytest.mark.slow
+def test_table_counts_link_to_their_samples(tmp_path):
+    from memagent.eval.report import write_report
+
+    exe = _chromium()
+    run, tok = toy_run(tmp_path)
+    write_report([run], tokenizer=tok, plot=False)
+    page = (run / "report.html").read_text()
+    assert "<a href='#outcome=not_read&amp;cell=truncated%7Ctoy%7C500' class='count'>2</a>" in page
+    _, listing = _rendered(_headless(exe, tmp_path, f"{(run / 'report.html').as_uri()}#outcome=not_read&cell=truncated%7Ctoy%7C500",
+                                     "--dump-dom"))
+    assert len(re.findall(r'<a href="#sample=\d+"', listing)) == 2
+    assert re.findall(r"truncated · toy 500 · (\w+) · score", listing) == ["blind", "drop"]  # ids in order
+
+
+def test_committed_example_run(tmp_path):
+    """docs/results/diag_smollm2_2k: a real run of the embedded model with traces; its diagnostics, from the
+    committed rows, traces and data, as its README states them."""
+    from memagent.eval.run_diagnostics import diagnose_run, run_cell_diagnostics
+
+    run = "docs/results/diag_smollm2_2k"
+    cells = {(c.method, c.task): c for c in run_cell_diagnostics(run)}
+    niah, vt = cells[("memagent", "niah_single_2")], cells[("memagent", "vt")]
+    assert (niah.outcomes["correct"], niah.outcomes["never_captured"], niah.captured_pct, niah.retained_pct) == (3, 1, 75.0, 75.0)
+    assert (vt.outcomes["never_captured"], vt.captured_pct, vt.cap_hit_pct, vt.unchanged_memory_pct) == (4, 0.0, 100.0, 100.0)
+    assert (niah.n_updates, niah.cap_hit_pct) == (16, 93.75)
+    failed = next(d for d in diagnose_run(run) if d.method == "memagent" and d.sample_id == "niah_single_2-2048-2")
+    assert failed.targets[0].evidence_chunks == [0] and failed.targets[0].captured is False
+    # the direct prompts' view needs the run's tokenizer (the manifest names only the GGUF file)
+    assert cells[("direct", "vt")].read_pct is None
+
+
+def test_committed_example_run_direct_view(gguf_tokenizer):
+    from memagent.eval.run_diagnostics import run_cell_diagnostics
+
+    cells = {(c.method, c.task): c for c in run_cell_diagnostics("docs/results/diag_smollm2_2k", gguf_tokenizer)}
+    assert cells[("direct", "vt")].read_pct == 100.0 and cells[("direct", "vt")].outcomes["in_view_wrong"] == 4
+    assert cells[("direct", "niah_single_2")].outcomes["correct"] == 4
