@@ -6,6 +6,7 @@ llama.cpp) happen inside the commands that need them.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 from typing import Optional
@@ -90,9 +91,9 @@ def _run_settings(b, agent) -> dict:
             "tokenizer": getattr(agent.tokenizer, "name", type(agent.tokenizer).__name__)}
 
 
-def _resume(output: Path, trace: Path | None, settings: dict) -> None:
+def _resume(output: Path, trace: Path | None, settings: dict) -> set[str]:
     """Before ``--resume`` appends: check and trim the predictions, then drop the trace turns of samples run
-    again (and a line torn by a kill), so each sample's turns appear once."""
+    again (and a line torn by a kill), so each sample's turns appear once. Returns the ids of the samples kept."""
     from memagent.agent.config import sampling_defaults
     from memagent.runfiles import prune_trace, resume_predictions
 
@@ -102,6 +103,7 @@ def _resume(output: Path, trace: Path | None, settings: dict) -> None:
             prune_trace(trace, done)
         except OSError as e:
             raise MemagentError(f"cannot write --trace {trace}: {e.strerror}") from None
+    return done
 
 
 def _prediction_row(sample, traj, settings: dict | None = None, trace: Path | None = None) -> dict:
@@ -132,41 +134,45 @@ def run(
     budget check are ready, so a run that cannot start leaves them as they were.
     """
     from memagent.agent.loop import MemoryAgent
-    from memagent.runfiles import trace_rows
+    from memagent.runfiles import output_lock, trace_rows
 
-    try:
-        samples = _run_samples(question, document, input, output, trace, resume, allow_binary)
-        b, tok = _open_backend(backend_options)
-        agent = MemoryAgent(b, agent_config, tokenizer=tok)
-        for s in samples:  # every budget before any output file is touched
-            agent.check_budget(s.question, s.id)
-        settings = _run_settings(b, agent)
-        if resume:
-            _resume(output, trace, settings)
-        out_f, trace_f = _open_for_writing(output, "--output", resume), _open_for_writing(trace, "--trace", resume)
-
-        def on_turn(sample, turn):
-            if show_memory and turn.kind == "update":
-                typer.secho(f"[{sample.id}] memory after chunk {turn.chunk_index} ({turn.completion_tokens} tokens):", fg="cyan", err=True)
-                typer.echo(turn.memory, err=True)
-
-        def on_result(sample, traj):
-            # turns first, then the prediction row: a sample counts as done (for --resume) only once its turns
-            # are on disk; a kill between the two reruns it, and the resume drops its earlier turns
-            if trace_f:
-                trace_f.write_many(trace_rows(traj))
-            if out_f:
-                out_f.write(_prediction_row(sample, traj, settings, trace))
-
+    with contextlib.ExitStack() as held:
         try:
-            trajs = agent.run(samples, on_result=on_result, on_turn=on_turn, progress=sys.stderr.isatty())
-        finally:
-            for f in (out_f, trace_f):
-                if f:
-                    f.close()
-            b.close()
-    except MemagentError as e:
-        _fail(e)
+            samples = _run_samples(question, document, input, output, trace, resume, allow_binary)
+            b, tok = _open_backend(backend_options)
+            agent = MemoryAgent(b, agent_config, tokenizer=tok)
+            for s in samples:  # every budget before any output file is touched
+                agent.check_budget(s.question, s.id)
+            settings = _run_settings(b, agent)
+            if output:  # held from the resume check to the last row written
+                held.enter_context(output_lock(output, lambda m: typer.echo(m, err=True)))
+            if resume:  # again under the lock: a run that finished meanwhile is not run twice
+                done = _resume(output, trace, settings)
+                samples = [s for s in samples if s.id not in done]
+            out_f, trace_f = _open_for_writing(output, "--output", resume), _open_for_writing(trace, "--trace", resume)
+
+            def on_turn(sample, turn):
+                if show_memory and turn.kind == "update":
+                    typer.secho(f"[{sample.id}] memory after chunk {turn.chunk_index} ({turn.completion_tokens} tokens):", fg="cyan", err=True)
+                    typer.echo(turn.memory, err=True)
+
+            def on_result(sample, traj):
+                # turns first, then the prediction row: a sample counts as done (for --resume) only once its turns
+                # are on disk; a kill between the two reruns it, and the resume drops its earlier turns
+                if trace_f:
+                    trace_f.write_many(trace_rows(traj))
+                if out_f:
+                    out_f.write(_prediction_row(sample, traj, settings, trace))
+
+            try:
+                trajs = agent.run(samples, on_result=on_result, on_turn=on_turn, progress=sys.stderr.isatty())
+            finally:
+                for f in (out_f, trace_f):
+                    if f:
+                        f.close()
+                b.close()
+        except MemagentError as e:
+            _fail(e)
     _report_run(samples, trajs, input is None, output, settings, trace)
 
 
@@ -201,7 +207,7 @@ def _run_samples(question, document, input, output, trace, resume, allow_binary:
     if resume:
         if output is None:
             raise MemagentError("--resume needs --output (the predictions file to continue)")
-        done = finished_ids(output)
+        done = finished_ids(output, {s.id for s in samples})
         samples = [s for s in samples if s.id not in done]
         typer.echo(f"--resume: {len(done)} samples already in {output}, {len(samples)} to run", err=True)
     return samples

@@ -271,3 +271,34 @@ def test_single_question_with_a_failed_request_exits_1(tmp_path, monkeypatch):
     monkeypatch.setattr(cli, "open_backend", lambda *a, **k: (ScriptedBackend(fail=lambda r: r.request_id.endswith("final")), None))
     r = _run("run", "-q", "Q", "-d", "-", input="text")
     assert r.exit_code == 1 and "error: 0/final: scripted failure" in r.output
+
+
+def test_resume_refuses_an_output_that_is_not_predictions_of_these_samples(tmp_path):
+    inp, out, trace = _input(tmp_path, 4), tmp_path / "preds.jsonl", tmp_path / "trace.jsonl"
+    assert _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted", "--trace", str(trace)).exit_code == 0
+    samples_copy = tmp_path / "samples_copy.jsonl"
+    samples_copy.write_text(inp.read_text())
+    other = tmp_path / "other.jsonl"  # two samples whose ids the predictions file does not hold
+    other.write_text("".join(json.dumps({"id": f"x{i}", "question": "q", "context": "c"}) + "\n" for i in range(2)))
+    cases = [(inp, trace, "trace.jsonl:1: not a predictions row"),
+             (inp, samples_copy, "samples_copy.jsonl:1: not a predictions row"),
+             (other, out, "preds.jsonl:1: a prediction of sample 's0', which --input does not hold")]
+    for samples, target, message in cases:
+        before = target.read_bytes()
+        r = _run("run", "-i", str(samples), "-o", str(target), "-b", "scripted", "--resume")
+        assert r.exit_code == 2 and message in r.output and "leaves any other file untouched" in r.output, r.output
+        assert target.read_bytes() == before  # nothing rewritten
+
+
+def test_run_holds_a_lock_on_its_output_so_a_second_resume_exits_2(tmp_path):
+    from memagent.runfiles import output_lock
+
+    inp, out = _input(tmp_path, 4), tmp_path / "preds.jsonl"
+    assert _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted").exit_code == 0
+    before = out.read_bytes()
+    with output_lock(out):  # another process writing into it (flock conflicts across open files, in one process too)
+        r = _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted", "--resume")
+    assert r.exit_code == 2 and "is locked: another memagent run is writing to it" in r.output, r.output
+    assert out.read_bytes() == before
+    r = _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted", "--resume")  # released: runs (nothing left)
+    assert r.exit_code == 0 and "4 samples already in" in r.output and out.read_bytes() == before, r.output

@@ -85,12 +85,37 @@ def run_lock(run_dir: str | os.PathLike, log: Callable[[str], None] | None = Non
     Raises:
         ConfigError: another process holds the lock (naming the folder).
     """
+    path = Path(run_dir) / ".lock"
+    with _flock(path, f"run folder {str(run_dir)!r} is locked: another memagent eval is writing to it ({path}); "
+                      "wait for it to finish, or use another --output folder",
+                f"run folder {str(run_dir)!r}", log):
+        yield
+
+
+@contextlib.contextmanager
+def output_lock(output: str | os.PathLike, log: Callable[[str], None] | None = None) -> Iterator[None]:
+    """Hold an exclusive lock on one output file (``fcntl.flock`` on ``.NAME.lock`` beside it) for the ``with``
+    block: ``memagent run``'s predictions file, so that two ``--resume`` processes never both append the same
+    samples. Released by the kernel however the process ends, like :func:`run_lock`.
+
+    Raises:
+        ConfigError: another process holds the lock (naming the output).
+    """
+    out = Path(output)
+    path = out.parent / f".{out.name}.lock"
+    with _flock(path, f"--output {str(output)!r} is locked: another memagent run is writing to it ({path}); wait "
+                      "for it to finish, or give another --output", f"--output {str(output)!r}", log):
+        yield
+
+
+@contextlib.contextmanager
+def _flock(path: Path, locked: str, what: str, log: Callable[[str], None] | None) -> Iterator[None]:
+    """An exclusive, non-blocking ``flock`` on ``path`` (``locked``: the error when another process holds it)."""
     try:
         import fcntl
     except ImportError:  # not POSIX: no lock
         yield
         return
-    path = Path(run_dir) / ".lock"
     path.parent.mkdir(parents=True, exist_ok=True)
     f = open(path, "a+b")
     try:
@@ -98,10 +123,8 @@ def run_lock(run_dir: str | os.PathLike, log: Callable[[str], None] | None = Non
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise ConfigError(f"run folder {str(run_dir)!r} is locked: another memagent eval is writing to it "
-                                  f"({path}); wait for it to finish, or use another --output folder") from None
-            (log or (lambda _msg: None))(f"warning: cannot lock run folder {str(run_dir)!r} ({e.strerror or e}); "
-                                         "running without a lock")
+                raise ConfigError(locked) from None
+            (log or (lambda _msg: None))(f"warning: cannot lock {what} ({e.strerror or e}); running without a lock")
         yield
     finally:
         f.close()  # closing the only descriptor releases the lock

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -12,23 +13,44 @@ from memagent.runfiles.resume import describe, setting_changes
 from memagent.runfiles.rows import row_sample_id
 
 
-def finished_ids(path: str | os.PathLike) -> set[str]:
+def finished_ids(path: str | os.PathLike, sample_ids: Collection[str] | None = None) -> set[str]:
     """Ids of the samples a predictions file already holds with status ``ok`` (a torn last row is not counted).
 
+    Every complete row must be a prediction row (a JSON object with a sample id and a ``status`` of ``ok`` or
+    ``error``) and, when ``sample_ids`` is given, a prediction of one of those samples: ``--resume`` rewrites the
+    file, so a trace, a samples file or the predictions of other samples are refused before anything is touched.
+
+    Args:
+        path: the predictions file (``--output``).
+        sample_ids: the ids of the samples being run (``--input``); ``None``: not checked.
+
     Raises:
-        DataError: a complete line is not JSON (the file is not one a previous run wrote).
+        DataError: a complete line is not a prediction row of these samples (naming ``file:line`` and why).
     """
     p = Path(path)
     done: set[str] = set()
     for n, line in complete_lines(p):
         if not line.strip():
             continue
+        why = _not_a_prediction(parse_line(line), sample_ids)
+        if why:
+            raise DataError(f"{p}:{n}: {why}; --resume continues the predictions file of an earlier run over the "
+                            "same --input, and leaves any other file untouched (give a new --output)")
         row = parse_line(line)
-        if row is None:
-            raise DataError(f"{p}:{n}: not a predictions row; --resume needs the file a previous run wrote")
-        if isinstance(row, dict) and row.get("status") == "ok" and row_sample_id(row) is not None:
+        if row.get("status") == "ok":
             done.add(row_sample_id(row))
     return done
+
+
+def _not_a_prediction(row: Any, sample_ids: Collection[str] | None) -> str | None:
+    """Why ``row`` is not a prediction row of the given samples (``None``: it is one)."""
+    if row is None:
+        return "not JSON"
+    if not isinstance(row, dict) or row_sample_id(row) is None or row.get("status") not in ("ok", "error"):
+        return "not a predictions row (a row with a sample id and a status of 'ok' or 'error')"
+    if sample_ids is not None and row_sample_id(row) not in sample_ids:
+        return f"a prediction of sample {row_sample_id(row)!r}, which --input does not hold"
+    return None
 
 
 def resume_predictions(path: str | os.PathLike, settings: dict[str, Any],
