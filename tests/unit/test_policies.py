@@ -1,0 +1,45 @@
+"""memagent.policies: packaged policy lookup, sha256 check, and the agent settings a policy brings."""
+
+import hashlib
+import json
+
+import pytest
+
+import memagent.policies as policies
+from memagent.errors import ConfigError
+
+
+@pytest.fixture
+def packaged(tmp_path, monkeypatch):
+    folder = tmp_path / "niah-test"
+    folder.mkdir()
+    (folder / "adapter.gguf").write_bytes(b"GGUF fake adapter")
+    info = {"adapter": "adapter.gguf", "adapter_sha256": hashlib.sha256(b"GGUF fake adapter").hexdigest(),
+            "base": "smollm2", "agent": {"chunk_tokens": 512, "memory_tokens": 64, "final_tokens": 48,
+                                         "templates": "chunk_first"}}
+    (folder / "policy.json").write_text(json.dumps(info))
+    monkeypatch.setattr(policies, "_HERE", tmp_path)
+    return folder
+
+
+def test_a_name_resolves_to_its_adapter_and_a_path_stays(packaged):
+    assert policies.names() == ["niah-test"]
+    assert policies.resolve_lora("niah-test") == str(packaged / "adapter.gguf")
+    assert policies.resolve_lora("runs/x/adapter.gguf") == "runs/x/adapter.gguf"
+    assert policies.resolve_lora(None) is None
+
+
+def test_unknown_name_and_a_tampered_adapter_are_refused(packaged):
+    with pytest.raises(ConfigError, match=r"no packaged policy 'niah-tset'; did you mean 'niah-test'\? packaged: niah-test"):
+        policies.get("niah-tset")
+    (packaged / "adapter.gguf").write_bytes(b"GGUF other bytes")
+    with pytest.raises(ConfigError, match="does not match its recorded sha256"):
+        policies.get("niah-test")
+
+
+def test_trained_settings_fill_only_the_options_left_at_their_defaults(packaged):
+    defaults = {"chunk_tokens": 5000, "memory_tokens": 1024, "final_tokens": 1024, "templates": "default"}
+    current = dict(defaults, memory_tokens=128)  # the user gave --memory-tokens 128
+    assert policies.agent_overrides("niah-test", current, defaults) == {
+        "chunk_tokens": 512, "final_tokens": 48, "templates": "chunk_first"}
+    assert policies.agent_overrides("some/file.gguf", current, defaults) == {}
