@@ -106,15 +106,33 @@ def test_docs_list_every_option_with_its_default():
     from memagent.train.config import TrainConfig
 
     text = pathlib.Path("docs/training.md").read_text(encoding="utf-8").split("## Every option", 1)[1]
-    documented = dict(re.findall(r"^\| `([a-z_]+\.[a-z_]+)` \| `([^`]*)` \|", text, flags=re.M))
-    cfg, hints = TrainConfig(), {}
-    want = {}
-    for sec in dataclasses.fields(cfg):
-        part = getattr(cfg, sec.name)
+    documented = dict(re.findall(r"^\| `([a-z_]+(?:\.[a-z_]+)+)` \| `([^`]*)` \|", text, flags=re.M))
+    hints, want = {}, {}
+
+    def walk(part, prefix):  # nested sections (model.lora) flatten to dotted keys
         types = typing.get_type_hints(type(part))
         for f in dataclasses.fields(part):
-            want[f"{sec.name}.{f.name}"] = getattr(part, f.name)
-            hints[f"{sec.name}.{f.name}"] = types[f.name]
+            value = getattr(part, f.name)
+            if dataclasses.is_dataclass(value):
+                walk(value, f"{prefix}{f.name}.")
+            else:
+                want[prefix + f.name], hints[prefix + f.name] = value, types[f.name]
+
+    walk(TrainConfig(), "")
     assert sorted(documented) == sorted(want)
     for key, raw in documented.items():
         assert coerce(yaml.safe_load(raw), hints[key], key) == want[key], key
+
+
+def test_a_checkpoint_config_without_newer_settings_compares_as_their_defaults():
+    from memagent.train.config import config_to_dict, with_defaults
+    from memagent.train.trainer import config_changes
+
+    now = config_to_dict(load_config(None, ["optim.lr=1e-5"]))
+    old = {k: dict(v) for k, v in now.items()}
+    del old["model"]["lora"]  # written before model.lora existed: a full fine-tuning run
+    assert [k for k, _, _ in config_changes(old, now)] == ["model.lora"]
+    assert config_changes(with_defaults(old), now) == []
+    lora = config_to_dict(load_config(None, ["optim.lr=1e-5", "model.lora.enabled=true"]))
+    assert [k for k, _, _ in config_changes(with_defaults(old), lora)] == ["model.lora.enabled"]
+    assert with_defaults(old)["optim"]["lr"] == 1e-5

@@ -22,6 +22,7 @@ from memagent.configtypes import coerce
 from memagent.errors import ConfigError, closest
 from memagent.rl.kl import KL_TYPES
 from memagent.rl.losses import AGG_MODES
+from memagent.train.lora import LoraSettings
 
 
 @dataclass(frozen=True)
@@ -35,12 +36,15 @@ class ModelConfig:
             updated by AdamW at small learning rates round the updates away (a warning says so).
         logprob_chunk_tokens: positions per log-softmax slice (memory vs. speed).
         gradient_checkpointing: recompute decoder activations in backward.
+        lora: LoRA adapters instead of full fine-tuning (:class:`memagent.train.lora.LoraSettings`). With LoRA,
+            ``dtype`` is the storage dtype of the frozen base; the adapters and their AdamW state are float32.
     """
 
     path: str = "tiny"
     dtype: Literal["float32", "bfloat16"] = "float32"
     logprob_chunk_tokens: int = 512
     gradient_checkpointing: bool = False
+    lora: LoraSettings = field(default_factory=LoraSettings)
 
 
 @dataclass(frozen=True)
@@ -229,7 +233,7 @@ class TrainConfig:
         for ok, msg in checks:
             if not ok:
                 raise ConfigError(msg)
-        if self.model.dtype == "bfloat16" and o.lr < 1e-4:
+        if self.model.dtype == "bfloat16" and o.lr < 1e-4 and not self.model.lora.enabled:  # LoRA: fp32 adapters
             # AdamW moves each weight by about lr per step; bfloat16 keeps 8 significant bits, so a weight of
             # magnitude w only changes when lr exceeds ~w/512: at lr 1e-5 typical weights (~0.01-0.1) never move.
             warnings.warn(
@@ -315,3 +319,19 @@ def config_to_dict(cfg: TrainConfig) -> dict[str, Any]:
         return x
 
     return conv(dataclasses.asdict(cfg))
+
+
+def with_defaults(saved: dict[str, Any]) -> dict[str, Any]:
+    """A saved config dict (from a checkpoint) with every setting it lacks filled in with today's default.
+
+    A checkpoint written before a setting existed was trained with that setting's default behaviour (new
+    settings default to the old behaviour, e.g. ``model.lora.enabled=false``), so a resume compares against
+    the default instead of refusing a key the old run could not have had.
+    """
+
+    def merge(default: Any, value: Any) -> Any:
+        if isinstance(default, dict) and isinstance(value, dict):
+            return {k: merge(default.get(k), value[k]) if k in value else default[k] for k in {**default, **value}}
+        return value
+
+    return merge(config_to_dict(TrainConfig()), saved or {})

@@ -29,7 +29,7 @@ from memagent.errors import ConfigError
 from memagent.rl.advantages import group_advantages
 from memagent.rl.multiconv import broadcast_advantages, check_rows
 from memagent.train.batching import TokenLogProbs, row_logprobs, split_trajectories
-from memagent.train.config import TrainConfig, config_to_dict
+from memagent.train.config import TrainConfig, config_to_dict, with_defaults
 from memagent.train.distributed import DistInfo, all_reduce_max, all_reduce_sum, barrier, shard_fsdp, wrap_ddp
 from memagent.train.rollout import collect_rollouts
 from memagent.train.update import LossSettings, mini_batch_backward
@@ -427,7 +427,7 @@ class Trainer:
         if not found:
             return False
         state = torch.load(found[-1], map_location="cpu", weights_only=False)
-        changed = config_changes(state.get("config", {}), config_to_dict(self.cfg))
+        changed = config_changes(with_defaults(state.get("config", {})), config_to_dict(self.cfg))
         if state.get("templates_hash", self.templates.hash) != self.templates.hash:  # the file's text, not its path
             changed.append(("prompt templates (agent.templates' text)", state["templates_hash"], self.templates.hash))
         old_total = state.get("config", {}).get("run", {}).get("total_steps", self.cfg.run.total_steps)
