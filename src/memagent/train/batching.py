@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from memagent.errors import ConfigError
+from memagent.train.prefix import PrefixGroup, check_sharing, plan_micro_batches, shared_prefix_hidden
 from memagent.train.rollout import Row
 
 
@@ -94,6 +95,7 @@ class TokenLogProbs(nn.Module):
         attention_mask: torch.Tensor,
         with_entropy: bool = False,
         target_mask: torch.Tensor | None = None,
+        groups: Sequence[PrefixGroup] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-token log-probabilities of ``input_ids[:, 1:]``.
 
@@ -102,6 +104,8 @@ class TokenLogProbs(nn.Module):
             with_entropy: also return the policy entropy at each position (nats).
             target_mask: ``(B, T-1)``; when given, logits are computed only where it is nonzero (the response
                 tokens), which saves most of the vocabulary projection for long prompts; other positions are 0.
+            groups: shared-prefix groups covering the rows (:func:`memagent.train.prefix.shared_prefix_hidden`):
+                each group's common prefix is computed once; the result is the same.
 
         Returns:
             ``(logp (B, T-1), entropy (B, T-1) or None)`` in float32, on the model's device (the inputs are
@@ -112,7 +116,10 @@ class TokenLogProbs(nn.Module):
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
         if target_mask is not None:
             target_mask = target_mask.to(device)
-        hidden = base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        if groups is not None:
+            hidden = shared_prefix_hidden(base, input_ids, attention_mask, groups)
+        else:
+            hidden = base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
         h, targets = hidden[:, :-1], input_ids[:, 1:]
         if target_mask is None:
             sel = torch.ones(targets.shape, dtype=torch.bool, device=targets.device)
@@ -208,7 +215,7 @@ def split_trajectories(traj_of_row: Sequence[int], num_parts: int) -> list[list[
 @torch.no_grad()
 def row_logprobs(
     scorer: TokenLogProbs, rows: Sequence[Row], pad_id: int, max_tokens: int, with_entropy: bool = False,
-    equal_forwards: Callable[[int], int] | None = None,
+    equal_forwards: Callable[[int], int] | None = None, min_shared_tokens: int | None = None,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
     """Log-probabilities (and entropy) of every row's response tokens, without gradient.
 
@@ -221,27 +228,32 @@ def row_logprobs(
         equal_forwards: under FSDP every process must run the same number of forwards (each one all-gathers
             the parameters): maps this process's micro-batch count to the count all processes run (their
             maximum); the missing ones are forwards on a 2-token dummy row whose output is dropped.
+        min_shared_tokens: compute prompt prefixes shared by rows once (:mod:`memagent.train.prefix`), when at
+            least this long; ``None``: no sharing.
 
     Returns:
         per row, a ``(T_resp,)`` float32 CPU tensor aligned with ``row.response_ids``; entropies likewise
         when ``with_entropy``.
     """
+    check_sharing(min_shared_tokens, equal_forwards)
     out: list[torch.Tensor] = [torch.empty(0)] * len(rows)
     ents: list[torch.Tensor] = [torch.empty(0)] * len(rows)
-    groups = micro_batches([r.num_tokens for r in rows], max_tokens)
-    total = equal_forwards(len(groups)) if equal_forwards is not None else len(groups)
+    plan = plan_micro_batches([r.prompt_ids for r in rows], [r.num_tokens for r in rows], max_tokens, min_shared_tokens)
+    total = equal_forwards(len(plan)) if equal_forwards is not None else len(plan)
     was_training = scorer.training
     scorer.eval()
     try:
-        for group in groups:
+        for mb in plan:
+            group = mb.rows
             batch = pad_rows([rows[i] for i in group], pad_id)
-            logp, ent = scorer(batch.input_ids, batch.attention_mask, with_entropy, batch.response_mask)
+            extra = {"groups": mb.groups} if mb.groups is not None else {}
+            logp, ent = scorer(batch.input_ids, batch.attention_mask, with_entropy, batch.response_mask, **extra)
             for b, i in enumerate(group):
                 p, n = len(rows[i].prompt_ids), len(rows[i].response_ids)
                 out[i] = logp[b, p - 1 : p - 1 + n].detach().to("cpu", torch.float32, copy=True)
                 if ent is not None:
                     ents[i] = ent[b, p - 1 : p - 1 + n].detach().to("cpu", torch.float32, copy=True)
-        for _ in range(total - len(groups)):
+        for _ in range(total - len(plan)):
             scorer(*dummy_batch(pad_id))
     finally:
         scorer.train(was_training)
