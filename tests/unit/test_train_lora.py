@@ -170,3 +170,11 @@ def test_resume_refuses_another_kind_or_settings(tok):
     other_base = _lora_model(tok, LoraSettings(enabled=True), seed=1)
     with pytest.raises(ConfigError, match="other base weights"):
         load_lora_checkpoint_state(other_base, opt, state, LoraSettings(enabled=True))
+
+
+def test_the_trainer_refuses_lora_and_bf16_compute_until_wired():
+    from memagent.train.trainer import Trainer
+
+    for extra in (["model.lora.enabled=true"], ["model.compute_dtype=bfloat16"]):
+        with pytest.raises(ConfigError, match="not wired into this trainer yet"):
+            Trainer(load_config(None, extra))

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from memagent.errors import ConfigError
+from memagent.train.precision import compute_autocast, full_precision
 from memagent.train.prefix import PrefixGroup, check_sharing, plan_micro_batches, shared_prefix_hidden
 from memagent.train.rollout import Row
 
@@ -75,19 +76,24 @@ class TokenLogProbs(nn.Module):
         temperature: the rollouts' sampling temperature; logits are divided by it, so the log-probabilities
             (and entropy) are those of the distribution the response tokens were drawn from (as verl does for
             the actor and the reference model). ``top_p`` truncation is not reflected, as in verl.
+        compute_dtype: ``"bfloat16"`` runs the decoder and the output projection under autocast
+            (:mod:`memagent.train.precision`); the log-softmax and the returned values stay float32.
 
     Raises:
-        ConfigError: ``temperature <= 0``.
+        ConfigError: ``temperature <= 0`` or an unknown ``compute_dtype``.
     """
 
-    def __init__(self, model: nn.Module, chunk_tokens: int = 512, checkpoint: bool = True, temperature: float = 1.0):
+    def __init__(self, model: nn.Module, chunk_tokens: int = 512, checkpoint: bool = True, temperature: float = 1.0,
+                 compute_dtype: str = "float32"):
         super().__init__()
         if not temperature > 0:
             raise ConfigError(f"log-probabilities need a sampling temperature > 0, got {temperature}")
+        compute_autocast(compute_dtype)  # checks the name
         self.model = model
         self.chunk_tokens = max(1, int(chunk_tokens))
         self.checkpoint = checkpoint
         self.temperature = float(temperature)
+        self.compute_dtype = compute_dtype
 
     def forward(
         self,
@@ -116,6 +122,10 @@ class TokenLogProbs(nn.Module):
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
         if target_mask is not None:
             target_mask = target_mask.to(device)
+        with compute_autocast(self.compute_dtype, device):
+            return self._logprobs(base, input_ids, attention_mask, with_entropy, target_mask, groups)
+
+    def _logprobs(self, base, input_ids, attention_mask, with_entropy, target_mask, groups):
         if groups is not None:
             hidden = shared_prefix_hidden(base, input_ids, attention_mask, groups)
         else:
@@ -156,12 +166,14 @@ def decoder(model: nn.Module) -> nn.Module:
 
 def _slice_logprobs(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, with_entropy: bool,
                     temperature: float = 1.0):
-    logits = head(hidden).float()
-    logsm = torch.log_softmax(logits / temperature if temperature != 1.0 else logits, dim=-1)
-    lp = logsm.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    if not with_entropy:
-        return lp, lp.new_zeros(lp.shape)
-    return lp, -(logsm.exp() * logsm).sum(-1)
+    logits = head(hidden)
+    with full_precision(logits.device):  # the vocabulary softmax in float32 even under bfloat16 autocast
+        logits = logits.float()
+        logsm = torch.log_softmax(logits / temperature if temperature != 1.0 else logits, dim=-1)
+        lp = logsm.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        if not with_entropy:
+            return lp, lp.new_zeros(lp.shape)
+        return lp, -(logsm.exp() * logsm).sum(-1)
 
 
 def micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:

@@ -38,6 +38,9 @@ class ModelConfig:
         gradient_checkpointing: recompute decoder activations in backward.
         lora: LoRA adapters instead of full fine-tuning (:class:`memagent.train.lora.LoraSettings`). With LoRA,
             ``dtype`` is the storage dtype of the frozen base; the adapters and their AdamW state are float32.
+        compute_dtype: dtype of the update's matrix products: ``bfloat16`` runs the scoring and training
+            forwards under autocast over the ``dtype`` weights (float32 master weights, gradients and AdamW
+            state; log-softmax and loss in float32); about 2x faster on CPUs with AVX512_BF16 or AMX.
     """
 
     path: str = "tiny"
@@ -45,6 +48,7 @@ class ModelConfig:
     logprob_chunk_tokens: int = 512
     gradient_checkpointing: bool = False
     lora: LoraSettings = field(default_factory=LoraSettings)
+    compute_dtype: Literal["float32", "bfloat16"] = "float32"
 
 
 @dataclass(frozen=True)

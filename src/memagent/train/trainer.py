@@ -86,6 +86,9 @@ class Trainer:
                  reward_fn=None):
         from memagent.backends.hf import HFBackend
 
+        if cfg.model.lora.enabled or cfg.model.compute_dtype != "float32":  # the building blocks exist; see docs
+            raise ConfigError("model.lora.enabled and model.compute_dtype=bfloat16 are not wired into this trainer yet "
+                              "(memagent.train.lora / memagent.train.precision provide them); train with the defaults")
         self.cfg = cfg
         self.dist = dist_info or DistInfo()
         if cfg.rl.prompts_per_step % self.dist.world_size:
