@@ -63,24 +63,26 @@ def update_levers(args) -> float:
     base, tok = _load(args.model)
     load_s = time.perf_counter() - t0
     rows, doc, pad_id = build_rows(tok, shape)
-    levers = args.levers.split(",") if args.levers else (["plain", LEVERS[-1], "plain"] if args.quick else
+    levers = args.levers.split(",") if args.levers else (["plain", LEVERS[-1]] if args.quick else
                                                           ["plain", *LEVERS[1:], "plain"])
     results = []
     for lever in levers:
         r = run_update(base, rows, pad_id, lever, shape)
         results.append(r)
         print(json.dumps(r), flush=True)
-    plain = [r["row_tok_per_s"] for r in results if r["lever"] == "plain"]
+    key = "row_tok_per_cpu_s" if args.clock == "cpu" else "row_tok_per_s"
+    plain = [r[key] for r in results if r["lever"] == "plain"]
     plain_tok_s = sum(plain) / len(plain)
-    best = {r["lever"]: r["row_tok_per_s"] for r in results}
+    best = {r["lever"]: r[key] for r in results}
     top = next(lv for lv in reversed(LEVERS) if lv in best)
     ratio = best[top] / plain_tok_s
     summary = {
-        "model": args.model, "threads": torch.get_num_threads(), "load_s": round(load_s, 1), "shape": shape.__dict__,
+        "model": args.model, "threads": torch.get_num_threads(), "clock": args.clock, "load_s": round(load_s, 1),
+        "load_average": os.getloadavg()[0], "shape": shape.__dict__,
         "doc_tokens": doc, "rows": len(rows), "row_tokens": sum(r.num_tokens for r in rows),
         "response_tokens": sum(len(r.response_ids) for r in rows),
         "decoder_tokens_shared": shared_tokens(rows, shape),
-        "plain_row_tok_per_s": round(plain_tok_s, 1), "plain_runs": plain,
+        "plain_" + key: round(plain_tok_s, 1), "plain_runs": plain,
         "vs_plain": {k: round(v / plain_tok_s, 2) for k, v in best.items() if k != "plain"},
         "lever_share": {b: round(best[b] / best[a], 2) for a, b in zip(LEVERS[1:], LEVERS[2:]) if a in best and b in best},
     }
@@ -144,6 +146,9 @@ def main() -> None:
     ap.add_argument("--memory-tokens", type=int, default=None)
     ap.add_argument("--no-memory", dest="memory", action="store_false", help="skip the peak-memory processes")
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
+                    help="ratios from process CPU seconds (robust on a shared machine; = wall time at 1 quiet "
+                         "thread) or wall seconds")
     ap.add_argument("--trainer-step", action="store_true", help="time the real trainer's step instead")
     ap.add_argument("--steps", type=int, default=2, help="--trainer-step: steps; all but the first are averaged")
     ap.add_argument("overrides", nargs="*", help="--trainer-step: dotted training-config overrides")

@@ -116,7 +116,7 @@ def run_update(base, rows, pad_id: int, lever: str, shape: Shape, model=None) ->
     traj_adv = torch.randn(max(r.traj_index for r in rows) + 1, generator=g)
     adv = traj_adv[torch.tensor([r.traj_index for r in rows])]
     budget = shape.micro_batch_tokens
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     old = ref = reference = None
     shared = shape.min_shared_tokens if "shared" in lever else None
     if lever in ("full", "lora"):
@@ -134,11 +134,11 @@ def run_update(base, rows, pad_id: int, lever: str, shape: Shape, model=None) ->
                             reference=reference)
     torch.nn.utils.clip_grad_norm_(params, 1.0)
     opt.step()
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     tokens = sum(r.num_tokens for r in rows)
-    return {"lever": lever, "seconds": round(seconds, 2), "row_tokens": tokens,
-            "row_tok_per_s": round(tokens / seconds, 1), "loss": m["loss"],
-            "trainable_params": sum(p.numel() for p in params)}
+    return {"lever": lever, "seconds": round(seconds, 2), "cpu_seconds": round(cpu, 2), "row_tokens": tokens,
+            "row_tok_per_s": round(tokens / seconds, 1), "row_tok_per_cpu_s": round(tokens / cpu, 1),
+            "loss": m["loss"], "trainable_params": sum(p.numel() for p in params)}
 
 
 def shared_tokens(rows, shape: Shape) -> int:

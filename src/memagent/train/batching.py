@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from memagent.errors import ConfigError
-from memagent.train.precision import compute_autocast, full_precision
+from memagent.train.precision import adapter_casts_off, compute_autocast, full_precision
 from memagent.train.prefix import PrefixGroup, check_sharing, plan_micro_batches, shared_prefix_hidden
 from memagent.train.rollout import Row
 
@@ -122,7 +122,7 @@ class TokenLogProbs(nn.Module):
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
         if target_mask is not None:
             target_mask = target_mask.to(device)
-        with compute_autocast(self.compute_dtype, device):
+        with compute_autocast(self.compute_dtype, device), adapter_casts_off(self.model, self.compute_dtype != "float32"):
             return self._logprobs(base, input_ids, attention_mask, with_entropy, target_mask, groups)
 
     def _logprobs(self, base, input_ids, attention_mask, with_entropy, target_mask, groups):

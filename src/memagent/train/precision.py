@@ -39,6 +39,19 @@ def compute_autocast(compute_dtype: str, device: torch.device | str = "cpu") -> 
     raise ConfigError(f"model.compute_dtype must be one of {', '.join(COMPUTE_DTYPES)}, got {compute_dtype!r}")
 
 
+def adapter_casts_off(model: torch.nn.Module, active: bool) -> contextlib.AbstractContextManager:
+    """Under autocast, stop peft's LoRA layers from casting their input to the adapter's float32 and back
+    (autocast already feeds bfloat16 to every matmul): two copies of each adapted layer's input saved per
+    forward. A no-op for a model without adapters or when ``active`` is False."""
+    if not active:
+        return contextlib.nullcontext()
+    try:
+        from peft.helpers import disable_input_dtype_casting
+    except ImportError:
+        return contextlib.nullcontext()
+    return disable_input_dtype_casting(model)
+
+
 def full_precision(device: torch.device | str = "cpu") -> contextlib.AbstractContextManager:
     """Context that turns autocast off (for the log-softmax and the loss)."""
     return torch.autocast(device_type=torch.device(device).type, enabled=False)
