@@ -12,6 +12,7 @@ Run::
     python benchmarks/train_step.py --quick          # plain vs all levers, 1 question x G=4 (a few minutes)
     python benchmarks/train_step.py                  # every lever's share + peak memory, 2 questions x G=4
     python benchmarks/train_step.py --model tiny --quick     # no weights needed (wiring check)
+    python benchmarks/train_step.py --fwd-bwd 1024   # float32 vs bf16 autocast, one forward+backward
     python benchmarks/train_step.py --trainer-step rl.group_size=8   # the real trainer: rollout + update
 
 The last line is ``ratio update_vs_plain=<x> rollout_vs_engine=<y|na>``.
@@ -29,7 +30,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from update_levers import LEVERS, Shape, build_rows, measure_memory, run_update, shared_tokens  # noqa: E402
+from update_levers import (  # noqa: E402
+    LEVERS, Shape, build_rows, fwd_bwd_seconds, measure_memory, run_update, shared_tokens,
+)
 
 
 def _load(model: str):
@@ -149,12 +152,22 @@ def main() -> None:
     ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
                     help="ratios from process CPU seconds (robust on a shared machine; = wall time at 1 quiet "
                          "thread) or wall seconds")
+    ap.add_argument("--fwd-bwd", type=int, default=None, metavar="TOKENS",
+                    help="only time one forward+backward of TOKENS tokens: float32 vs bf16 autocast, full vs LoRA")
     ap.add_argument("--trainer-step", action="store_true", help="time the real trainer's step instead")
     ap.add_argument("--steps", type=int, default=2, help="--trainer-step: steps; all but the first are averaged")
     ap.add_argument("overrides", nargs="*", help="--trainer-step: dotted training-config overrides")
     args = ap.parse_args()
     if args.quick:
         args.memory = False
+    if args.fwd_bwd:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        base, _ = _load(args.model)
+        for r in fwd_bwd_seconds(base, args.fwd_bwd):
+            print(json.dumps(r), flush=True)
+        return
     if args.trainer_step:
         trainer_step(args)
         print("ratio update_vs_plain=na rollout_vs_engine=na")

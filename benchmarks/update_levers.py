@@ -141,6 +141,36 @@ def run_update(base, rows, pad_id: int, lever: str, shape: Shape, model=None) ->
             "loss": m["loss"], "trainable_params": sum(p.numel() for p in params)}
 
 
+def fwd_bwd_seconds(base, tokens: int, repeats: int = 2) -> list[dict]:
+    """CPU seconds of one forward+backward of a ``tokens``-long random sequence (policy-gradient-like loss on
+    the last 64 positions), float32 vs bfloat16 autocast, full fine-tuning vs LoRA (bfloat16 base), interleaved
+    ``repeats`` times; each configuration's fastest run."""
+    import torch
+
+    from memagent.train.batching import TokenLogProbs
+
+    ids = torch.randint(0, base.config.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(0))
+    target = torch.zeros(1, tokens - 1)
+    target[:, -64:] = 1
+    configs = {"full float32": ("plain", "float32"), "full bf16 autocast": ("plain", "bfloat16"),
+               "lora float32": ("lora", "float32"), "lora bf16 base + autocast": ("lora+bf16", "bfloat16")}
+    models = {k: _policy(base, lever, Shape()) for k, (lever, _) in configs.items()}
+    best: dict[str, tuple[float, float]] = {}
+    for _ in range(repeats):
+        for k, (_, compute) in configs.items():
+            scorer = TokenLogProbs(models[k], 512, compute_dtype=compute)
+            c0 = time.process_time()
+            logp, _ = scorer(ids, torch.ones_like(ids), False, target)
+            c1 = time.process_time()
+            (logp * target).sum().backward()
+            c2 = time.process_time()
+            models[k].zero_grad(set_to_none=True)
+            if k not in best or c2 - c0 < sum(best[k]):
+                best[k] = (c1 - c0, c2 - c1)
+    return [{"config": k, "tokens": tokens, "forward_cpu_s": round(f, 2), "backward_cpu_s": round(b, 2),
+             "total_cpu_s": round(f + b, 2)} for k, (f, b) in best.items()]
+
+
 def shared_tokens(rows, shape: Shape) -> int:
     """Tokens the decoder computes with shared prefixes (prefix once per micro-batch group + suffixes)."""
     from memagent.train.prefix import plan_micro_batches

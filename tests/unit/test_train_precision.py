@@ -62,3 +62,25 @@ def test_native_bfloat16_reads_the_cpu_flags(tmp_path):
     assert native_bfloat16("cpu", str(with_bf16)) is True
     assert native_bfloat16("cpu", str(without)) is False
     assert native_bfloat16("cpu", str(tmp_path / "missing")) is False
+
+
+def test_lora_on_a_bfloat16_base_under_autocast(tiny):
+    pytest.importorskip("peft")
+    from memagent.train.lora import LoraSettings, apply_lora
+
+    _, tok = tiny
+    torch.manual_seed(0)
+    model = apply_lora(make_tiny_model(tok, seed=1).to(torch.bfloat16), LoraSettings(enabled=True, rank=4))
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05)
+    ids, am = torch.tensor([[5, 6, 7, 8, 9, 10]]), torch.ones(1, 6, dtype=torch.long)
+    plain, _ = TokenLogProbs(model)(ids, am)  # no autocast: peft casts the bfloat16 input for the float32 adapter
+    lp, _ = TokenLogProbs(model, compute_dtype="bfloat16")(ids, am)  # autocast: no input casts
+    lp.sum().backward()
+    assert float((lp - plain).abs().max()) < 0.05
+    layers = [m for m in model.modules() if hasattr(m, "cast_input_dtype_enabled")]
+    assert layers and all(m.cast_input_dtype_enabled for m in layers)  # restored after the forward
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert all(g is not None and g.dtype == torch.float32 for g in grads)
