@@ -110,18 +110,24 @@ def mini_batch_backward(
     for k, mb in enumerate(plan):
         with _grad_sync(model, k == total - 1):
             step(mb, pad_rows([rows[i] for i in mb.rows], pad_id), sums)
-    for k in range(len(plan), total):  # FSDP: keep this rank's collectives in step with the others
-        with _grad_sync(model, k == total - 1):
-            if step.reference is not None:
-                with torch.no_grad(), step.reference():
-                    model(*dummy_batch(pad_id))
-            logp, _ = model(*dummy_batch(pad_id))
-            (logp.sum() * 0.0).backward()
+    _dummy_steps(model, step.reference, pad_id, len(plan), total)
     tokens = max(sums.get("tokens", 0.0), 1.0)
     for key in ("pg/clip_frac", "pg/dual_clip_frac", "pg/ratio_mean", "pg/approx_kl"):
         if key in sums:
             sums[key] /= tokens
     return sums
+
+
+def _dummy_steps(model, reference, pad_id: int, done: int, total: int) -> None:
+    """FSDP: forward/backward passes with loss 0 on a 2-token row, from micro-batch ``done`` to ``total``, so this
+    rank's collectives stay in step with the ranks that have more micro-batches."""
+    for k in range(done, total):
+        with _grad_sync(model, k == total - 1):
+            if reference is not None:
+                with torch.no_grad(), reference():
+                    model(*dummy_batch(pad_id))
+            logp, _ = model(*dummy_batch(pad_id))
+            (logp.sum() * 0.0).backward()
 
 
 @dataclass
