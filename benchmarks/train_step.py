@@ -46,7 +46,7 @@ def _load(model: str):
     from memagent.backends.hf import load_hf_model
 
     if model == "smollm2":
-        from memagent.backends.models import smollm2_gguf_path
+        from memagent.embedded import smollm2_gguf_path
 
         model = smollm2_gguf_path()
     return load_hf_model(model, "float32")

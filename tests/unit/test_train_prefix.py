@@ -181,8 +181,9 @@ def test_real_templates_group_the_rollouts_that_read_the_same_chunk(tiny):
 
     _, tok = tiny
     chat = ChatTokens(tok, "tiny")
-    samples = needle_samples(2, 80, seed=0, prefix="p")
-    rows = synthetic_rows(chat, samples, group_size=3, chunk_tokens=48, memory_tokens=10,
+    samples = needle_samples(2, 240, seed=0, prefix="p")
+    # chunks long against the instruction, so sharing one chunk's G rows saves more than sharing the instruction
+    rows = synthetic_rows(chat, samples, group_size=3, chunk_tokens=128, memory_tokens=10,
                           templates=chunk_first_templates())
     turns = len(rows) // 6
     assert turns >= 3 and len(rows) == 6 * turns
@@ -199,7 +200,9 @@ def test_real_templates_group_the_rollouts_that_read_the_same_chunk(tiny):
         head = list(rows[g.rows[0]].prompt_ids[: g.prefix_tokens])
         assert any(head[k : k + len(memory_tag)] == memory_tag for k in range(len(head)))
     # the default template (memory before section): rows of a question share at least the instruction and question
+    samples = needle_samples(2, 80, seed=0, prefix="p")
     rows = synthetic_rows(chat, samples, group_size=3, chunk_tokens=48, memory_tokens=10)
+    turns = len(rows) // 6
     groups = find_prefix_groups([r.prompt_ids for r in rows], 16)
     first = [3 * turns * q for q in range(2)]  # the first row of each question's first trajectory
     head = [common_prefix_tokens(rows[i + 1].prompt_ids, rows[i + 2].prompt_ids) for i in first]  # two later updates

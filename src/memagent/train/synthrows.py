@@ -21,31 +21,10 @@ _WORDS = ("the", "number", "for", "is", "section", "notes", "key", "value", "men
           "no", "relevant", "facts", "yet", "special", "magic", "document", "question", "answer", "keep", "earlier")
 
 
-_CHUNK_FIRST_UPDATE = """You are reading a long document one section at a time in order to answer a question. Below are the \
-question, the next section, and the notes you have kept on the sections read so far. Write the new notes: keep every \
-detail of the earlier notes that may help to answer the question, and add whatever this section contributes. Reply \
-with the notes only.
-
-<problem>
-{question}
-</problem>
-
-<section>
-{chunk}
-</section>
-
-<memory>
-{memory}
-</memory>
-
-Updated memory:"""
-
-
 def chunk_first_templates() -> PromptTemplates:
-    """Update prompts that show the section before the memory (problem, section, memory), so the G rollouts
-    of a question share the instruction, question and chunk as a prompt prefix; final prompt as the default."""
-    return PromptTemplates(update=_CHUNK_FIRST_UPDATE, final=DEFAULT_TEMPLATES.final,
-                           no_memory=DEFAULT_TEMPLATES.no_memory, system=DEFAULT_TEMPLATES.system)
+    """The builtin ``chunk_first`` templates (``agent/templates/chunk_first.yaml``: problem, section, memory), so
+    the G rollouts of a question share the instruction, question and chunk as a prompt prefix."""
+    return PromptTemplates.from_file("chunk_first")
 
 
 def _memory_ids(chat, rng: random.Random, tokens: int) -> list[int]:

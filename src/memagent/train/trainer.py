@@ -22,6 +22,7 @@ import copy
 import math
 import os
 import time
+import warnings
 import zlib
 from typing import Any
 
@@ -291,7 +292,9 @@ class Trainer:
         path = os.path.join(self.out_dir, "adapter")
         tmp, old = path + ".tmp", path + ".old"
         shutil.rmtree(tmp, ignore_errors=True)
-        self.policy.save_pretrained(tmp)
+        with warnings.catch_warnings():  # peft asks transformers a deprecated question; nothing for users to do
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            self.policy.save_pretrained(tmp)
         self.hf_tokenizer.save_pretrained(tmp)
         if os.path.exists(path):
             os.replace(path, old)
