@@ -13,6 +13,11 @@ The parts that vary live in their own modules: the policy, its optimizer and sch
 checkpoints and resume (:mod:`memagent.train.checkpoint`), data (:mod:`memagent.train.data`), validation
 (:mod:`memagent.train.validation`) and the step's metrics (:mod:`memagent.train.metrics`).
 
+The update's levers are settings: ``model.lora`` (peft adapters; the reference model is the policy with its
+adapter disabled, computed inside the update's micro-batch loop; :mod:`memagent.train.lora`),
+``model.compute_dtype`` (bf16 autocast over float32 master weights; :mod:`memagent.train.precision`) and
+``rl.shared_prefix`` (prompt prefixes shared by rows computed once per group; :mod:`memagent.train.prefix`).
+
 Source: reference-memagent.md §4.1 (hyperparameters), §4.7 (step), §4.8 (update), §4.10 (objective).
 """
 
@@ -53,6 +58,10 @@ class Trainer:
         train_samples, val_samples: override the configured data (tests); ``val_samples`` maps a length
             multiplier to its questions.
         reward_fn: override the configured reward ``(response, answers) -> float`` (tests).
+
+    Attributes:
+        policy: the policy module the optimizer steps; with ``model.lora.enabled`` the live ``peft.PeftModel``
+            (its adapter is what trains; a rollout engine built with it reads the adapter from it).
 
     Raises:
         ConfigError: inconsistent settings (e.g. prompts per step not divisible by the world size).
