@@ -10,7 +10,7 @@ import pytest
 from memagent.errors import ConfigError
 from memagent.export.gguf_lora import (
     LlamaShape,
-    LoraSettings,
+    LoraScaling,
     gguf_tensor_name,
     lora_gguf_tensors,
     rope_permute,
@@ -127,7 +127,7 @@ def _read(path):
 
 def test_written_file_has_adapter_keys_and_tensors(tmp_path):
     sd = _adapter()
-    path = write_lora_gguf(sd, tmp_path / "a.gguf", SHAPE, LoraSettings(r=2, lora_alpha=4.0))
+    path = write_lora_gguf(sd, tmp_path / "a.gguf", SHAPE, LoraScaling(r=2, lora_alpha=4.0))
     fields, tensors = _read(path)
     assert fields == {"general.type": "adapter", "general.architecture": "llama", "adapter.type": "lora",
                       "adapter.lora.alpha": 4.0}
@@ -138,14 +138,14 @@ def test_written_file_has_adapter_keys_and_tensors(tmp_path):
 
 def test_rslora_alpha_gives_llama_cpp_the_peft_scale(tmp_path):
     fields, _ = _read(write_lora_gguf(_adapter(r=4), tmp_path / "a.gguf", SHAPE,
-                                      LoraSettings(r=4, lora_alpha=8.0, use_rslora=True)))
+                                      LoraScaling(r=4, lora_alpha=8.0, use_rslora=True)))
     # llama.cpp scales by alpha / r; peft's rsLoRA by lora_alpha / sqrt(r) = 8 / 2 = 4
     assert fields["adapter.lora.alpha"] / 4 == pytest.approx(4.0)
 
 
 def test_per_module_alpha_is_folded_into_b(tmp_path):
     sd = _adapter(r=2)
-    settings = LoraSettings(r=2, lora_alpha=4.0, alpha_pattern={"v_proj": 1.0})
+    settings = LoraScaling(r=2, lora_alpha=4.0, alpha_pattern={"v_proj": 1.0})
     fields, tensors = _read(write_lora_gguf(sd, tmp_path / "a.gguf", SHAPE, settings))
     assert fields["adapter.lora.alpha"] == 0.0  # llama.cpp: scale = the user scale alone
     np.testing.assert_allclose(tensors["blk.0.attn_v.weight.lora_b"], sd[f"{P}.0.self_attn.v_proj.lora_B.weight"] * 0.5)
@@ -155,10 +155,10 @@ def test_per_module_alpha_is_folded_into_b(tmp_path):
 
 def test_settings_refuse_dora_and_other_peft_types():
     with pytest.raises(ConfigError, match="DoRA"):
-        LoraSettings.from_peft({"peft_type": "LORA", "r": 8, "lora_alpha": 16, "use_dora": True})
+        LoraScaling.from_peft({"peft_type": "LORA", "r": 8, "lora_alpha": 16, "use_dora": True})
     with pytest.raises(ConfigError, match="not LORA"):
-        LoraSettings.from_peft({"peft_type": "IA3"})
-    s = LoraSettings.from_peft({"peft_type": "LORA", "r": 8, "lora_alpha": 16, "use_rslora": True})
+        LoraScaling.from_peft({"peft_type": "IA3"})
+    s = LoraScaling.from_peft({"peft_type": "LORA", "r": 8, "lora_alpha": 16, "use_rslora": True})
     assert s.gguf_alpha() == pytest.approx(16 * math.sqrt(8))
 
 

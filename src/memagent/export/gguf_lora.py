@@ -204,7 +204,7 @@ def lora_gguf_tensors(
 
 
 @dataclass(frozen=True)
-class LoraSettings:
+class LoraScaling:
     """How peft scales an adapter (from ``adapter_config.json`` or a live ``LoraConfig``).
 
     Attributes:
@@ -221,7 +221,7 @@ class LoraSettings:
     alpha_pattern: Mapping[str, float] | None = None
 
     @classmethod
-    def from_peft(cls, config: Any) -> LoraSettings:
+    def from_peft(cls, config: Any) -> LoraScaling:
         """From a peft ``LoraConfig`` or its JSON dict.
 
         Raises:
@@ -244,7 +244,7 @@ class LoraSettings:
         return self.lora_alpha * math.sqrt(self.r) if self.use_rslora else self.lora_alpha
 
 
-def module_scales(modules: list[str], ranks: Mapping[str, int], settings: LoraSettings) -> dict[str, float]:
+def module_scales(modules: list[str], ranks: Mapping[str, int], settings: LoraScaling) -> dict[str, float]:
     """peft's scale of each module, with ``rank_pattern``/``alpha_pattern`` resolved like peft (a key matches
     a module name that ends with it, as a regex)."""
 
@@ -266,7 +266,7 @@ def write_lora_gguf(
     state_dict: Mapping[str, Any],
     path: str | os.PathLike,
     shape: LlamaShape,
-    settings: LoraSettings,
+    settings: LoraScaling,
     adapter_name: str | None = None,
 ) -> str:
     """Write a peft LoRA adapter as a llama.cpp LoRA adapter GGUF (float32 tensors), atomically.
@@ -280,7 +280,7 @@ def write_lora_gguf(
         state_dict: peft LoRA tensors (saved or live names, see :func:`split_lora_state_dict`).
         path: the ``.gguf`` file to write (replaced if present; readers never see a partial file).
         shape: the base model's layer and head counts (:meth:`LlamaShape.from_hf_config`).
-        settings: the adapter's scaling (:meth:`LoraSettings.from_peft`).
+        settings: the adapter's scaling (:meth:`LoraScaling.from_peft`).
         adapter_name: which adapter of a live multi-adapter model.
 
     Returns:
@@ -344,4 +344,4 @@ def write_peft_lora_gguf(model: Any, path: str | os.PathLike, adapter_name: str 
     base_config = model.get_base_model().config
     state = get_peft_model_state_dict(model, adapter_name=adapter_name)
     return write_lora_gguf(state, path, LlamaShape.from_hf_config(base_config),
-                           LoraSettings.from_peft(configs[adapter_name]))
+                           LoraScaling.from_peft(configs[adapter_name]))
