@@ -126,6 +126,9 @@ class Completion:
         usage: prompt/completion token counts as reported by the backend.
         seconds: wall time of the call (for a batched call, the batch's time shared out evenly).
         error: the error message when ``finish_reason == "error"``.
+        token_logprobs: ``(T_resp,)`` log-probability of each of ``token_ids`` under ``softmax(logits / T)`` at
+            the request's temperature (``T = 1`` for greedy requests), before top-p truncation, when the backend
+            computes them (the batched llama.cpp backend does); ``None`` otherwise.
     """
 
     text: str
@@ -135,6 +138,7 @@ class Completion:
     prompt_token_ids: tuple[int, ...] | None = None
     seconds: float = 0.0
     error: str | None = None
+    token_logprobs: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -153,6 +157,8 @@ class Turn:
             the agent read (after optional truncation); ``None`` for the final turn.
         prompt_token_ids, response_token_ids: exact ids when the backend exposes them (used by training;
             not written to trace files).
+        response_token_logprobs: ``(T_resp,)`` sampling log-probabilities of ``response_token_ids`` when the
+            backend returns them (``Completion.token_logprobs``); not written to trace files.
     """
 
     kind: TurnKind
@@ -166,11 +172,13 @@ class Turn:
     chunk_chars: tuple[int, int] | None = None
     prompt_token_ids: tuple[int, ...] | None = field(default=None, repr=False)
     response_token_ids: tuple[int, ...] | None = field(default=None, repr=False)
+    response_token_logprobs: tuple[float, ...] | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d.pop("prompt_token_ids")
         d.pop("response_token_ids")
+        d.pop("response_token_logprobs")
         return d
 
 

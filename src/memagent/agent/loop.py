@@ -241,6 +241,7 @@ class MemoryAgent:
             chunk_chars=(chunk.start_char, chunk.end_char) if chunk is not None else None,
             prompt_token_ids=comp.prompt_token_ids,
             response_token_ids=comp.token_ids,
+            response_token_logprobs=comp.token_logprobs,
         )
         st.turns.append(turn)
         s = st.sample
