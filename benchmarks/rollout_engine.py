@@ -10,7 +10,9 @@ a question share each update prompt up to their memory). Both run in this proces
 
 Reported per backend: generated tokens, wall and process-CPU seconds, generated tokens per second of each;
 for the batched backend also the prompt tokens it evaluated and those it took from a shared prefix. First, the
-ceiling: plain decoding of 8 sequences at once against one (no prompt sharing, no stop token). On a shared
+ceiling: plain decoding of 8 sequences at once against one (no prompt sharing, no stop token).
+``--engine-dtype f16`` runs the batched backend on a dequantized F16 copy of the model (what a trainer would
+push its LoRA adapter onto; the single-stream baseline stays on the original file). On a shared
 machine use ``--threads 1`` and read the CPU figures: the wall clock then mostly measures the neighbours, and
 two spinning threads that are rarely scheduled together waste most of their time.
 
@@ -24,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import tempfile
 import time
 
 TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates", "section_before_memory.yaml")
@@ -79,8 +83,8 @@ def main() -> None:
     ap.add_argument("--n-parallel", type=int, default=8, help="sequences the batched backend decodes together")
     ap.add_argument("--kv-unified", action="store_true", help="batched backend: one KV buffer for all sequences")
     ap.add_argument("--model", default=None, help="GGUF (default: SmolLM2-135M-Instruct Q4_1)")
-    ap.add_argument("--engine-model", default=None, help="GGUF for the batched backend only (default: --model), "
-                    "e.g. an F16 export of the same weights (memagent.export.gguf_model)")
+    ap.add_argument("--engine-dtype", default="same", choices=["same", "f16", "f32"],
+                    help="batched backend only: run on a dequantized F16/F32 copy of the model (the training base)")
     args = ap.parse_args()
     repeats = 1 if args.quick else args.repeats
 
@@ -93,7 +97,14 @@ def main() -> None:
 
     n_ctx = 2048
     single = LlamaCppBackend(args.model, n_ctx=n_ctx, n_threads=args.threads)
-    batched = BatchedLlamaCppBackend(args.engine_model or args.model, n_ctx=n_ctx, n_parallel=args.n_parallel, n_threads=args.threads,
+    engine_model, scratch = args.model, None
+    if args.engine_dtype != "same":
+        from memagent.export.gguf_model import write_dequantized_gguf
+
+        scratch = tempfile.mkdtemp(prefix="memagent_bench_")
+        engine_model = write_dequantized_gguf(single.model_path, os.path.join(scratch, f"model-{args.engine_dtype}.gguf"),
+                                              args.engine_dtype)
+    batched = BatchedLlamaCppBackend(engine_model, n_ctx=n_ctx, n_parallel=args.n_parallel, n_threads=args.threads,
                                      kv_unified=args.kv_unified, keep_stop_token=True)
     templates = PromptTemplates.from_file(TEMPLATE)
     samples = repeat_samples(needle_samples(args.questions, args.doc_words, seed=0), args.group_size)
@@ -129,6 +140,8 @@ def main() -> None:
     cpu = (b["generated"] / b["cpu_s"]) / (s["generated"] / s["cpu_s"])
     single.close()
     batched.close()
+    if scratch:
+        shutil.rmtree(scratch)
     print(f"ratio (CPU time) rollout_vs_engine_cpu={cpu:.2f}")
     print(f"ratio rollout_vs_engine={wall:.2f}")
 

@@ -25,7 +25,7 @@ def test_a_finished_run_exports_as_an_hf_model(tmp_path):
         assert res.exit_code == 0, res.output
         res = CliRunner().invoke(app, ["export", str(run), "--out", str(out)])
         assert res.exit_code == 0, res.output
-        assert res.output.strip() == str(out)
+        assert res.stdout.strip() == str(out)
         want = AutoModelForCausalLM.from_pretrained(run / "policy").state_dict()
         got = AutoModelForCausalLM.from_pretrained(out).state_dict()
     finally:

@@ -132,3 +132,12 @@ def test_lora_run_exports_a_gguf_that_the_llamacpp_backend_answers_with(ground_t
     assert out == gt["greedy"]
     adapter = export_run(run, run / "lora", "lora-gguf")
     assert np.abs(_llama_logits(gt["f32"], gt["ids"], adapter) - gt["lora"]).max() < 0.05
+
+
+def test_dequantized_copy_holds_the_weights_transformers_loads(ground_truth, gguf_path, tmp_path):
+    from memagent.export.gguf_model import write_dequantized_gguf
+
+    gt = ground_truth
+    copy = write_dequantized_gguf(gguf_path, tmp_path / "dequantized-f32.gguf", "f32")
+    # the same bits as the F32 file written from transformers' (un-permuted, then re-permuted) weights
+    np.testing.assert_array_equal(_llama_logits(copy, gt["ids"]), _llama_logits(gt["f32"], gt["ids"]))

@@ -3,7 +3,8 @@
 The weights come from the trained model (F16 or F32 tensors; norms stay F32); everything else, the
 architecture keys, the tokenizer and the chat template, is copied from the GGUF the run started from, so
 llama.cpp tokenizes and templates exactly as it did for the base model. q and k rows are permuted into
-llama.cpp's rotary layout (:func:`memagent.export.gguf_lora.rope_permute`).
+llama.cpp's rotary layout (:func:`memagent.export.gguf_lora.rope_permute`). :func:`write_dequantized_gguf`
+copies a quantized GGUF with its matrices dequantized (the engine's base for training rollouts).
 
 Source: llama.cpp ``convert_hf_to_gguf.py`` (tensor names, q/k permutation, F16 except 1-D tensors).
 """
@@ -143,6 +144,13 @@ def write_model_gguf(
     missing = [t.name for t in reader.tensors if t.name not in written and t.name != "output.weight"]
     if missing:
         raise ConfigError(f"the base GGUF has tensors the model does not provide: {missing[:5]}")
+    return _write(path, fields, tensors, dtype)
+
+
+def _write(path: str | os.PathLike, fields: list, tensors: list[tuple[str, np.ndarray]], dtype: str) -> str:
+    """Write a llama GGUF from copied key/values and tensors, atomically (readers never see a partial file)."""
+    import gguf
+
     path = os.fspath(path)
     tmp = f"{path}.tmp{os.getpid()}"
     writer = gguf.GGUFWriter(tmp, "llama")
@@ -159,3 +167,40 @@ def write_model_gguf(
         writer.close()
     os.replace(tmp, path)
     return path
+
+
+def write_dequantized_gguf(src: str | os.PathLike, path: str | os.PathLike, dtype: str = "f16") -> str:
+    """A copy of a quantized llama GGUF with every matrix dequantized to F16 or F32 (same names, keys and
+    tokenizer).
+
+    transformers dequantizes a GGUF with the same routine (``gguf.quants.dequantize``), so an F32 copy holds
+    exactly the weights a trainer loads from ``src``, and llama.cpp on it computes what transformers computes
+    (to float32 rounding) instead of running quantized kernels: the rollout engine's base for training, with
+    the LoRA adapter pushed on top. F16 halves the size and runs faster in batches.
+
+    Args:
+        src: the quantized GGUF (e.g. SmolLM2-135M-Instruct Q4_1).
+        path: the ``.gguf`` file to write.
+        dtype: ``"f16"`` or ``"f32"`` for matrices; 1-D tensors stay float32.
+
+    Returns:
+        ``path`` as a string.
+
+    Raises:
+        ConfigError: unknown dtype, missing file, or not a llama GGUF.
+    """
+    import gguf
+
+    if dtype not in DTYPES:
+        raise ConfigError(f"GGUF dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    src = os.fspath(src)
+    if not os.path.isfile(src):
+        raise ConfigError(f"GGUF file not found: {src!r}")
+    reader = gguf.GGUFReader(src)
+    fields = _base_fields(reader, {})
+    tensors = []
+    for t in reader.tensors:
+        array = gguf.quants.dequantize(t.data, t.tensor_type).reshape(tuple(int(d) for d in reversed(t.shape)))
+        array = array.astype(DTYPES[dtype] if array.ndim > 1 else np.float32)
+        tensors.append((t.name, np.ascontiguousarray(array)))
+    return _write(path, fields, tensors, dtype)
