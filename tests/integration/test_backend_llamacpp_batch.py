@@ -147,3 +147,26 @@ def test_files_that_are_not_adapters_are_refused(backends, gguf_path, tmp_path):
         batched.load_adapter(tmp_path / "missing.gguf")
     with pytest.raises(ConfigError, match="cannot load the LoRA adapter"):
         batched.load_adapter(gguf_path)  # a model, not an adapter
+
+
+def test_memory_agent_rollouts_are_the_same_on_both_backends(backends):
+    """Greedy MemAgent rollouts in lock step (2 questions x 2, chunk before memory): the same turns, token for
+    token, with a third of the prompt tokens or more taken from shared prefixes (at most half with G = 2)."""
+    from memagent.agent.loop import AgentConfig, MemoryAgent
+    from memagent.agent.prompts import PromptTemplates
+    from memagent.train.rollout import repeat_samples
+    from memagent.train.synthetic import needle_samples
+
+    single, batched = backends
+    templates = PromptTemplates.from_file("benchmarks/templates/section_before_memory.yaml")
+    samples = repeat_samples(needle_samples(2, 160, seed=1), 2)
+    cfg = AgentConfig(chunk_tokens=96, memory_tokens=16, final_tokens=12, temperature=0.0, seed=0, batch_size=4)
+    before = batched.stats
+    runs = [MemoryAgent(b, cfg, templates).run(samples) for b in (single, batched)]
+    turns = [[(t.prompt_token_ids, t.response_token_ids) for tr in run for t in tr.turns] for run in runs]
+    assert len(turns[0]) >= 4 * 3 and turns[0] == turns[1]
+    after = batched.stats
+    shared = after["prompt_tokens_shared"] - before["prompt_tokens_shared"]
+    evaluated = after["prompt_tokens_evaluated"] - before["prompt_tokens_evaluated"]
+    assert shared + evaluated == sum(len(p) for p, _ in turns[1])
+    assert shared > 0.33 * (shared + evaluated)

@@ -283,7 +283,7 @@ class BatchEngine:
     def _run_wave(self, wave: list[PrefixGroup], jobs: Sequence[Job], results: list[JobResult],
                   is_stop: Callable[[int], bool], keep_stop: bool) -> None:
         L = self._L
-        L.llama_memory_clear(self._mem, True)
+        L.llama_memory_clear(self._mem, False)  # metadata only: every cell is rewritten before it is read
         seq_of: dict[int, int] = {}  # job index -> sequence id
         for g in wave:
             for m in g.members:
