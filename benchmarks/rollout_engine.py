@@ -4,8 +4,8 @@ Both backends serve the same GRPO-shaped rollout through memagent's MemoryAgent 
 batched ``generate`` per step): ``--questions`` needle questions x ``--group-size`` trajectories each, on
 documents of about ``--doc-words`` words (~1,500 SmolLM2 tokens by default) read in ``--chunk-tokens``
 chunks, memory capped at ``--memory-tokens``, sampled at ``--temperature`` with the template
-``benchmarks/templates/section_before_memory.yaml`` (the section before the memory, so the G trajectories of
-a question share each update prompt up to their memory). Both run in this process, alternately
+``chunk_first`` (memagent's layout with the section before the memory, so the G trajectories of a question
+share each update prompt up to their memory). Both run in this process, alternately
 (``--repeats``), on the same samples and seeds.
 
 Reported per backend: generated tokens, wall and process-CPU seconds, generated tokens per second of each;
@@ -30,7 +30,6 @@ import shutil
 import tempfile
 import time
 
-TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates", "section_before_memory.yaml")
 
 
 def _timed(fn):
@@ -106,7 +105,7 @@ def main() -> None:
                                               args.engine_dtype)
     batched = BatchedLlamaCppBackend(engine_model, n_ctx=n_ctx, n_parallel=args.n_parallel, n_threads=args.threads,
                                      kv_unified=args.kv_unified, keep_stop_token=True)
-    templates = PromptTemplates.from_file(TEMPLATE)
+    templates = PromptTemplates.from_file("chunk_first")
     samples = repeat_samples(needle_samples(args.questions, args.doc_words, seed=0), args.group_size)
     doc_tokens = len(single.tokenizer.encode(samples[0].context))
     cfg = AgentConfig(chunk_tokens=args.chunk_tokens, memory_tokens=args.memory_tokens, final_tokens=args.final_tokens,

@@ -4,14 +4,31 @@ Order (documented fallback chain):
 1. reasoning removed: text after the last ``</think>``; an unclosed ``<think>`` drops everything from it on;
 2. ``boxed``: the content of the last ``\\boxed{...}`` (nested braces balanced; ``\\fbox{}`` too), a
    ``\\text{...}`` wrapper around the whole content removed;
-3. ``answer_is``: the text after the last "answer is" (any case, optional colon), up to the end of that line,
-   stripped of markdown emphasis, quotes and a final period;
+3. ``answer_is``: the text after the last answer phrase or answer label, up to the end of that line (or the
+   next non-empty line when the phrase ends its line), stripped of markdown emphasis, quotes and a final period.
+   Phrases and labels, any case (the styles small instruct models write, see below):
+
+   - "answer is", "the answer to this question is" / "... to the question is", each with an optional colon;
+   - a line that starts with an answer label: ``Answer: Paris``, ``**Answer:** Paris``, ``**Answer**: Paris``,
+     ``Final answer: Paris``, ``Your answer: Paris``, ``- Answer: Paris``;
+   - a heading line made only of the label, the answer on the next line: ``**Final Answer**`` or
+     ``### Final Answer`` and then ``Paris``.
+
+   If the last phrase or label has no answer after it (``Your answer is:`` at the very end; only another
+   label, as in a response that repeats "The answer is:"; or a lead-in ending in a colon, "the document
+   contains the following:"), the one before it is used;
 4. ``raw``: the whole remaining response, stripped (small models often answer without any format; lenient
    metrics such as sub-EM can still score it, the strict training reward never does);
 5. ``empty``: nothing left.
 
+Styles seen: SmolLM2-135M-Instruct in our own traces (``docs/results/embedded``) writes "The answer is X",
+"The answer to this question is: "X"", "The answer to this question is:" with the answer on the next line,
+"- Answer: The answer is "X"" and "Your answer is:" with nothing after it; Qwen2.5-Instruct models commonly
+write markdown labels (``**Answer:** X``, ``**Final Answer:** X``, a ``**Final Answer**`` heading).
+
 Source: reference doc section 1.6. Differences: the reference's "the answer is" match is case-sensitive and
-yields no prediction otherwise (bug list item 5); memagent matches any case and falls back to the raw text.
+yields no prediction otherwise (bug list item 5); memagent matches any case, reads answer labels too, and falls
+back to the raw text.
 """
 
 from __future__ import annotations
@@ -21,7 +38,11 @@ from dataclasses import dataclass
 
 _BOX = re.compile(r"\\(?:boxed|fbox)")
 _TEXT = re.compile(r"\\(?:text|textbf|mathrm)\{(.*)\}", re.S)
-_ANSWER_IS = re.compile(r"answer\s+is\s*:?\s*(.*)", re.I)
+# "answer is", "answer to this/the question is" (the answer follows on the same line or a later one)
+_ANSWER_IS = re.compile(r"answer(?:\s+to\s+(?:this|the)\s+question)?\s+is\s*:?", re.I)
+# a line that starts (after markdown bullets, quotes, headings, emphasis) with an answer label and a colon, or
+# is nothing but the label (a heading: the answer follows on the next non-empty line)
+_LABEL = re.compile(r"^[ \t>#*_-]*(?:(?:final|your|the)[ \t]+)?answer[ \t*_]*(?::|(?=\n|$))", re.I | re.M)
 
 
 @dataclass(frozen=True)
@@ -69,6 +90,18 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
+def _clean(text: str) -> str:
+    """An answer without surrounding space, markdown emphasis, quotes or a final period."""
+    return text.strip().rstrip(".").strip(" *_\"'").rstrip(".").strip()
+
+
+def _text_after(body: str, end: int) -> str:
+    """The answer after a phrase or label ending at ``end``: the rest of its line, else the next non-empty
+    line."""
+    line, _, rest = body[end:].partition("\n")
+    return _clean(line) or next((c for c in map(_clean, rest.split("\n")) if c), "")
+
+
 def extract_answer(text: str) -> ExtractedAnswer:
     """Extract the answer from a final response (see the module docstring for the fallback chain)."""
     body = strip_reasoning(text or "")
@@ -76,10 +109,10 @@ def extract_answer(text: str) -> ExtractedAnswer:
     if boxed is not None:
         inner = _TEXT.fullmatch(boxed.strip())
         return ExtractedAnswer((inner.group(1) if inner else boxed).strip(), "boxed")
-    found = list(_ANSWER_IS.finditer(body))
-    if found:
-        ans = found[-1].group(1).strip().rstrip(".").strip(" *_\"'").rstrip(".").strip()
-        if ans:
+    ends = sorted({m.end() for p in (_ANSWER_IS, _LABEL) for m in p.finditer(body)})
+    for end in reversed(ends):  # the last phrase or label with an answer after it
+        ans = _text_after(body, end)
+        if ans and not ans.endswith(":") and not (_ANSWER_IS.search(ans) or _LABEL.match(ans)):
             return ExtractedAnswer(ans, "answer_is")
     raw = body.strip()
     return ExtractedAnswer(raw, "raw") if raw else ExtractedAnswer("", "empty")

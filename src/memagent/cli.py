@@ -102,35 +102,13 @@ def _fail(e: Exception) -> None:
     raise typer.Exit(2)
 
 
-def _read_document(document: str) -> str:
-    """The document's text from a file or stdin (``-``); bytes that are not UTF-8 are replaced, with a warning.
+def _read_document(document: str, allow_binary: bool = False) -> str:
+    """The document's text from a file or stdin (``-``), see :func:`memagent.data.io.read_document_text`."""
+    from memagent.data.io import read_document_text
 
-    Raises:
-        DataError: not a file, or unreadable.
-    """
-    from memagent.errors import DataError
-
-    name = "stdin" if document == "-" else document
-    try:
-        if document == "-":
-            raw = sys.stdin.buffer.read()
-        else:
-            p = Path(document)
-            if not p.is_file():
-                raise DataError(f"--document {document!r} is not a file; give a text file path or '-' for stdin")
-            raw = p.read_bytes()
-    except OSError as e:
-        raise DataError(f"cannot read --document {name}: {e.strerror or e}") from None
-    try:
-        text = raw.decode("utf-8-sig")  # a leading byte-order mark is not part of the text
-    except UnicodeDecodeError as e:
-        typer.secho(f"warning: {name} is not valid UTF-8 ({e.reason} at byte {e.start}); undecodable bytes "
-                    "are replaced by U+FFFD", fg="yellow", err=True)
-        text = raw.decode("utf-8-sig", errors="replace")
-    if not text.strip():
-        typer.secho(f"warning: the document ({name}) is empty: the answer comes from no memory at all",
-                    fg="yellow", err=True)
-    return text
+    stdin = document == "-"
+    return read_document_text(sys.stdin.buffer.read() if stdin else document, "stdin" if stdin else document,
+                              allow_binary, warn=lambda m: typer.secho(f"warning: {m}", fg="yellow", err=True))
 
 
 def _check_paths(inputs: dict[str, Path | None], outputs: dict[str, Path | None]) -> None:
@@ -283,6 +261,7 @@ def run(
     top_p: float = TOP_P, seed: int = SEED, batch_size: int = BATCH, templates: Optional[Path] = TEMPLATES,
     threads: Optional[int] = THREADS, timeout: Optional[float] = TIMEOUT, max_retries: Optional[int] = RETRIES,
     resume: bool = typer.Option(False, "--resume", help="with --input/--output: keep the rows --output already holds and run only the samples it lacks (or that failed)"),
+    allow_binary: bool = typer.Option(False, "--allow-binary", help="read a --document that looks binary (NUL bytes, many control characters) as UTF-8 text anyway"),
 ):
     """Answer a question over a long document (or every sample of a JSONL file).
 
@@ -317,7 +296,7 @@ def run(
             if resume:
                 raise MemagentError("--resume continues an --input run; it does not apply to --question/--document")
             _check_paths({"--document": None if document == "-" else Path(document)}, {"--output": output, "--trace": trace})
-            samples = [Sample("0", question, _read_document(document))]
+            samples = [Sample("0", question, _read_document(document, allow_binary))]
         b, tok = build_backend(backend, model, base_url, api_key_env, n_ctx, concurrency, tokenizer, threads,
                                timeout, max_retries)
         agent = _agent(b, tok, chunk_tokens, memory_tokens, final_tokens, max_context_tokens, temperature, top_p,

@@ -1,11 +1,14 @@
 """Type checks for settings read from YAML or JSON (eval grids, training configs).
 
 YAML gives ``2.5`` or ``hot`` where a whole number is due, or ``1e-5`` as a string; :func:`coerce` turns a value
-into its field's annotated type or raises :class:`ConfigError` naming the key.
+into its field's annotated type or raises :class:`ConfigError` naming the key. Numbers must be finite
+(:func:`finite_number`), and :func:`check_sampling` holds the one rule for temperature and top-p that every
+config class and backend applies.
 """
 
 from __future__ import annotations
 
+import math
 import types
 import typing
 from typing import Any, Literal
@@ -61,9 +64,7 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
                 value = float(value)
             except ValueError:
                 pass
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key} must be a number, got {value!r}")
-        return float(value)
+        return finite_number(value, key)
     if tp is str:
         if not isinstance(value, str):
             raise ConfigError(f"{key} must be a string, got {value!r}")
@@ -73,3 +74,51 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(f"{key} must be a mapping, got {value!r}")
         return {coerce(k, args[0], key): coerce(v, args[1], key) for k, v in value.items()} if args else value
     return value
+
+
+def finite_number(value: Any, key: str) -> float:
+    """``value`` as a float, refusing anything that is not a finite real number.
+
+    NaN compares false with everything, so a range check such as ``temperature < 0`` lets it through, and
+    infinity passes every lower bound; either would reach a sampler (llama.cpp then samples noise) or a JSON
+    encoder (which refuses it mid-run).
+
+    Args:
+        value: the setting's value.
+        key: the setting's name, used in the error.
+
+    Raises:
+        ConfigError: ``key must be a number`` (a bool, a string, None ...) or ``key must be a finite number``
+            (NaN, +-inf, an integer too large for a float).
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{key} must be a number, got {value!r}")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise ConfigError(f"{key} must be a finite number, got {value!r}")
+    return number
+
+
+def check_sampling(temperature: Any, top_p: Any, names: tuple[str, str] = ("temperature", "top_p"),
+                   where: str = "") -> None:
+    """The sampling rule shared by every config class and backend: a finite ``temperature >= 0`` (0 = greedy)
+    and a finite ``top_p`` in ``(0, 1]``.
+
+    Args:
+        temperature: sampling temperature.
+        top_p: nucleus-sampling mass.
+        names: how the error names the two settings (e.g. ``("agent.val_temperature", "agent.val_top_p")``).
+        where: prefix of the error (e.g. ``"request 'a/0': "``).
+
+    Raises:
+        ConfigError: naming the setting, its value and the allowed range.
+    """
+    t = finite_number(temperature, f"{where}{names[0]}")
+    p = finite_number(top_p, f"{where}{names[1]}")
+    if t < 0:
+        raise ConfigError(f"{where}{names[0]} must be >= 0 (0 = greedy), got {temperature!r}")
+    if not 0 < p <= 1:
+        raise ConfigError(f"{where}{names[1]} must be in (0, 1], got {top_p!r}")

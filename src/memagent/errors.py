@@ -42,6 +42,11 @@ class ContextOverflow(BackendError):
     """The prompt plus the requested new tokens exceed the backend's context window."""
 
 
+class PromptTruncated(ContextOverflow):
+    """The server answered, but from fewer prompt tokens than were sent: it cut the prompt to its own window
+    without saying so (its ``usage.prompt_tokens`` is far below the client's own count)."""
+
+
 class BadResponse(BackendError):
     """The backend answered, but with something that is not a valid completion."""
 

@@ -221,8 +221,50 @@ class LlamaCppTokenizer:
         return self.decode_bytes(ids).decode("utf-8", errors="replace")
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[int]]:
+        """Ids and character boundaries (see :class:`Tokenizer`).
+
+        llama.cpp silently drops bytes its vocabulary has no token for (SmolLM2's lacks the control bytes 0x04,
+        0x06, 0x13, 0x14, 0x16, 0x1D and the lead bytes 0xF1-0xF2 of unassigned planes): such bytes are counted
+        with the token before them (the first token, at the start), so boundaries still cover the whole text
+        and chunks still join back to it; the model never sees those bytes. A text of only such bytes has no
+        tokens (boundaries ``[0]``, so no chunks).
+
+        Raises:
+            ConfigError: the tokens' bytes are not the text's bytes in order with some left out (a tokenizer
+                that rewrites text, e.g. SentencePiece adding a leading space).
+        """
         ids = self.encode(text)
-        return ids, char_boundaries_from_byte_lengths(text, [len(self.piece(t)) for t in ids])
+        if not ids:  # empty, or only bytes the vocabulary cannot hold
+            return [], [0]
+        lengths = _aligned_lengths(text.encode("utf-8"), [self.piece(t) for t in ids], self.name)
+        return ids, char_boundaries_from_byte_lengths(text, lengths)
+
+
+def _aligned_lengths(data: bytes, pieces: Sequence[bytes], name: str) -> list[int]:
+    """Byte length per token, counting the bytes the tokenizer left out (found between matching pieces) with
+    the token before them; the lengths sum to ``len(data)`` (when there is at least one token).
+
+    Raises:
+        ConfigError: a piece does not occur in the text where it should.
+    """
+    lengths: list[int] = []
+    pos = 0
+    for k, piece in enumerate(pieces):
+        at = pos if data.startswith(piece, pos) else data.find(piece, pos)
+        if at < 0 or not piece:
+            raise ConfigError(
+                f"tokenizer {name}: token {k} ({piece!r}) is not the next bytes of the text (at byte {pos}): this "
+                "tokenizer does not reproduce its input byte for byte, so chunk boundaries cannot be mapped to "
+                "text. Use a byte-level BPE tokenizer (tokenizer.json) instead.")
+        if lengths:
+            lengths[-1] += at - pos
+            lengths.append(len(piece))
+        else:
+            lengths.append(at + len(piece))
+        pos = at + len(piece)
+    if lengths:
+        lengths[-1] += len(data) - pos
+    return lengths
 
 
 def load_tokenizer(spec: str) -> Tokenizer:

@@ -17,13 +17,15 @@ Our defaults versus the reference (reference doc sections 2.6, 3.3, 4.9 and 6, i
   normalises to "" (e.g. "the", "...") scores 1.
 - ``strict_boxed``: the training reward. The content of the last ``\\boxed{}`` in the whole response must
   equal a gold answer after :func:`normalize_answer` (the same normalisation as the eval metrics).
-  ``strict_boxed_reference`` keeps the reference's training reward: only the last 300 characters of the
-  response are searched, both sides are lower-cased and passed through a MATH-style ``strip_string`` that
-  deletes every space (so "new york" equals "newyork") but keeps punctuation and articles.
+  ``strict_boxed_reference`` reproduces the reference's training reward exactly, faults included (each listed
+  in its docstring): only the last 300 characters of the response are searched, both sides are lower-cased
+  and passed through a MATH-style ``strip_string`` that deletes every space (so "new york" equals "newyork")
+  but keeps punctuation and articles, and ``\\fbox{Paris}`` or ``\\boxed{0.5}`` against ``.5`` score 0.
 - ``f1``: SQuAD token F1 with the rule that a yes/no/noanswer answer must match exactly; best over answers
   (the reference scores against ``answers[0]`` only: ``f1_reference``).
 - ``string_match_all`` / ``string_match_part``: RULER's metrics, per item in ``[0, 1]`` (RULER multiplies the
-  mean by 100).
+  mean by 100), on the prediction after RULER's clean-up (:func:`ruler_clean_prediction`: strip, control
+  characters to newlines, strip).
 """
 
 from __future__ import annotations
@@ -176,26 +178,46 @@ def f1_reference(prediction: str | None, answers: Sequence[str]) -> float:
     return _f1_one(normalize_answer(prediction), normalize_answer(golds[0]))
 
 
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f]")
+
+
+def ruler_clean_prediction(prediction: str | None) -> str:
+    """RULER's clean-up of a prediction before string matching: strip surrounding whitespace, turn every
+    control character (U+0000-U+001F, so tabs, carriage returns and newlines too) into a newline, strip again.
+
+    It changes a score only where a gold string holds a control character or starts or ends with whitespace
+    (prediction ``"a\\tb"`` no longer holds gold ``"a\\tb"``; ``"\\tParis\\x00"`` still holds ``"Paris"``); it
+    also makes a prediction of only whitespace and control characters empty, which RULER counts as a null
+    prediction (our ``n_empty``).
+
+    Source: NVIDIA RULER ``scripts/eval/evaluate.py`` (``postprocess_pred``), applied to every prediction
+    before ``string_match_all`` / ``string_match_part``.
+    """
+    return _CONTROL_CHARS.sub("\n", (prediction or "").strip()).strip()
+
+
 @VERIFIERS.register("string_match_all")
 def string_match_all(prediction: str, answers: Sequence[str]) -> float:
-    """RULER all-match: the share of gold strings found in the prediction (case-insensitive substring).
+    """RULER all-match: the share of gold strings found in the prediction (case-insensitive substring), after
+    RULER's clean-up of the prediction (:func:`ruler_clean_prediction`).
 
     Source: NVIDIA RULER ``eval/synthetic/constants.py``; ruler-tasks.md (niah, vt, cwe, fwe).
     """
     golds = _as_list(answers)
     if not golds:
         return 0.0
-    pred = (prediction or "").lower()
+    pred = ruler_clean_prediction(prediction).lower()
     return sum(g.lower() in pred for g in golds) / len(golds)
 
 
 @VERIFIERS.register("string_match_part")
 def string_match_part(prediction: str, answers: Sequence[str]) -> float:
-    """RULER part-match: 1.0 if any gold string occurs in the prediction (case-insensitive substring).
+    """RULER part-match: 1.0 if any gold string occurs in the prediction (case-insensitive substring), after
+    RULER's clean-up of the prediction (:func:`ruler_clean_prediction`).
 
     Source: NVIDIA RULER ``eval/synthetic/constants.py``; ruler-tasks.md (qa tasks).
     """
-    pred = (prediction or "").lower()
+    pred = ruler_clean_prediction(prediction).lower()
     return float(any(g.lower() in pred for g in _as_list(answers)))
 
 
@@ -230,13 +252,19 @@ _REFERENCE_WINDOW_CHARS = 300
 
 
 def reference_last_boxed(text: str) -> str | None:
-    """The reference's boxed extraction: the last ``\\boxed`` (or, if none, ``\\fbox``).
+    """The reference's boxed extraction, faults included (reference doc sections 1.6 and 4.9).
 
-    If the text contains ``"\\boxed "`` (with a space), the answer is what follows the last such occurrence
-    up to the next ``$``; otherwise it is the brace-balanced content of the last ``\\boxed{...}``.
-    Returns ``None`` when there is no box or its braces are unbalanced.
+    If the text contains ``"\\boxed "`` (with a space) anywhere, the answer is what follows the last such
+    occurrence up to the next ``$`` (to the end when there is none), even when a ``\\boxed{...}`` comes later.
+    Otherwise the braces are matched from the last ``\\boxed`` (or, when there is none, the last ``\\fbox``)
+    and the box is unwrapped, which works only for a box that starts with ``\\boxed{``: a ``\\fbox{Paris}``
+    or a ``\\boxed\\text{Paris}`` is found but cannot be unwrapped (the reference's unwrapping asserts the
+    ``\\boxed{`` prefix and its caller turns the failure into a score of 0), so it gives ``None`` here.
 
-    Source: reference doc section 1.6.
+    Returns:
+        The box content, or ``None``: no box, braces never balanced, or a box that cannot be unwrapped.
+
+    Source: reference doc section 1.6 (``last_boxed_only_string`` + ``remove_boxed``).
     """
     if "\\boxed " in text:
         return text.split("\\boxed ")[-1].split("$")[0]
@@ -245,25 +273,28 @@ def reference_last_boxed(text: str) -> str | None:
         start = text.rfind("\\fbox")
         if start < 0:
             return None
-    open_at = text.find("{", start)
-    if open_at < 0:
-        return None
     depth = 0
-    for i in range(open_at, len(text)):
+    for i in range(start, len(text)):
         if text[i] == "{":
             depth += 1
         elif text[i] == "}":
             depth -= 1
             if depth == 0:
-                return text[open_at + 1 : i]
+                box = text[start : i + 1]
+                return box[len("\\boxed{") : -1] if box.startswith("\\boxed{") else None
     return None
 
 
 def reference_strip_string(text: str) -> str:
-    """The MATH-style ``strip_string`` the reference applies before comparing (reference doc section 3.3).
+    """The MATH-style ``strip_string`` the reference applies to both sides before comparing (reference doc
+    sections 3.3 and 4.9), faults included.
 
-    Deletes newlines, ``\\!``, ``\\left``, ``\\right``, degree signs, ``\\$`` and ``\\%``; turns
-    ``\\tfrac``/``\\dfrac`` into ``\\frac``; writes a leading-dot decimal as ``0.``; deletes every space.
+    Deletes ``\\n`` (not ``\\r`` or tabs), ``\\!``, ``\\left``, ``\\right``, degree signs, ``\\$`` and
+    ``\\%``; turns ``\\\\`` into ``\\`` and ``tfrac``/``dfrac`` into ``frac`` (inside words too); writes
+    ``" ."`` as ``" 0."`` and ``"{."`` as ``"{0."``; deletes every space. Faults kept: a decimal that *starts*
+    with a dot is left alone (the reference's comment promises a leading ``0``, its code never adds it), so
+    ``.5`` does not equal ``0.5``; a plain ``%`` stays (its second percent rule repeats the backslash one), so
+    ``50%`` does not equal ``50``.
     """
     s = text.replace("\n", "").replace("\\!", "").replace("\\\\", "\\")
     s = s.replace("tfrac", "frac").replace("dfrac", "frac")
@@ -271,29 +302,45 @@ def reference_strip_string(text: str) -> str:
     s = s.replace("^{\\circ}", "").replace("^\\circ", "")
     s = s.replace("\\$", "").replace("\\%", "")
     s = s.replace(" .", " 0.").replace("{.", "{0.")
-    if s.startswith("."):
-        s = "0" + s
     return s.replace(" ", "")
 
 
 @VERIFIERS.register("strict_boxed_reference")
 def strict_boxed_reward_reference(response: str, answers: Sequence[str]) -> float:
-    """The reference's training reward, kept for comparison.
+    """The reference's training reward, reproduced exactly, faults included (kept for comparison).
 
-    Looks only at the last 300 characters of the response, lower-cases them, takes the last boxed answer
+    Reads only the last 300 characters of the response, lower-cases them, takes the last boxed answer
     (:func:`reference_last_boxed`) and compares it, after :func:`reference_strip_string`, with each
-    lower-cased, stripped gold answer. Differences from :func:`strict_boxed_reward`: a box that starts
-    more than 300 characters before the end is not seen; spaces are ignored entirely; punctuation and
-    articles matter ("The Beatles" does not equal "Beatles").
+    lower-cased gold answer after the same function; 1.0 on any equality, else 0.0. Its faults, each kept:
 
-    Source: reference doc sections 4.9 and 3.3.
+    - a box that starts more than 300 characters before the end is not seen, and neither is one whose
+      ``\\boxed`` the window cuts;
+    - the window is lower-cased first, so ``\\BOXED{x}`` is a box;
+    - a ``"\\boxed "`` with a space anywhere in the window wins over a later ``\\boxed{...}``, and its answer
+      runs to the next ``$`` or the end (``\\boxed Paris.`` does not equal ``Paris``);
+    - ``\\fbox{Paris}`` and ``\\boxed\\text{Paris}`` score 0 (found, but cannot be unwrapped);
+    - ``\\boxed{0.5}`` against gold ``.5`` scores 0, and so does ``\\boxed{50%}`` against ``50``
+      (:func:`reference_strip_string`);
+    - spaces are ignored entirely (``new york`` equals ``newyork``), while tabs, carriage returns,
+      punctuation and articles count (``The Beatles`` does not equal ``Beatles``);
+    - an empty box equals an empty gold answer (1.0).
+
+    Two inputs on which the reference raises instead of scoring score 0.0 here: an empty list of gold
+    answers (the reference takes ``max`` of nothing) and a gold answer that is ``None`` (it is skipped; the
+    reference calls ``.lower()`` on it).
+
+    Differences from :func:`strict_boxed_reward`: see the list above; ours reads the whole response and
+    compares after :func:`normalize_answer`.
+
+    Source: reference doc sections 4.9 and 3.3 (``verl/utils/reward_score/hotpotqa.py:compute_score``).
     """
+    golds = _as_list(answers)
     tail = (response or "")[-_REFERENCE_WINDOW_CHARS:].lower()
     boxed = reference_last_boxed(tail)
-    if boxed is None:
+    if boxed is None or not golds:
         return 0.0
     pred = reference_strip_string(boxed)
-    return float(any(pred == reference_strip_string(a.lower()) for a in _as_list(answers)))
+    return float(any(pred == reference_strip_string(a.lower()) for a in golds))
 
 
 def get_verifier(name: str) -> Verifier:
@@ -308,3 +355,54 @@ def get_verifier(name: str) -> Verifier:
 def score_all(prediction: str, answers: Sequence[str], names: Sequence[str]) -> dict[str, float]:
     """Score one prediction with several verifiers: ``{name: score}``."""
     return {n: get_verifier(n)(prediction, answers) for n in names}
+
+
+# ------------------------------------------------------------------------------- guarded training reward
+
+_UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+
+
+def answer_shape(answer: str) -> str | None:
+    """A regular expression for strings of the same kind as a gold answer, or ``None`` for free text.
+
+    Kinds: a run of ``n`` digits (RULER needle numbers, 7 digits), a word of ``n`` upper-case letters (variable
+    names in vt, 5 letters), a version-4 UUID. Free-text answers (HotpotQA, qa) have no shape.
+    """
+    a = answer.strip()
+    if re.fullmatch(r"\d+", a):
+        return rf"(?<!\d)\d{{{len(a)}}}(?!\d)"
+    if re.fullmatch(r"[A-Z]+", a):
+        return rf"(?<![A-Za-z]){'[A-Z]'}{{{len(a)}}}(?![A-Za-z])"
+    if re.fullmatch(_UUID, a.lower()):
+        return rf"(?<![0-9a-f-]){_UUID}(?![0-9a-f-])"
+    return None
+
+
+@VERIFIERS.register("string_match_guarded")
+def string_match_guarded(prediction: str, answers: Sequence[str]) -> float:
+    """RULER all-match that an answer listing extra candidates cannot game: the training reward for RULER tasks.
+
+    A gold answer of a known kind (:func:`answer_shape`: 7-digit numbers, 5-letter variable names, UUIDs) counts as
+    found only as a whole string of that kind (``12345678`` does not contain the number ``2345678``), and a
+    prediction that names more distinct strings of a kind than there are gold answers of that kind scores 0,
+    whatever it contains: "1234567, 2345678, 3456789" against the gold 2345678 scores 0, "The special magic
+    number for drab-cheek is 2345678." scores 1. Free-text gold answers have no kind and are matched as in
+    :func:`string_match_all` (case-insensitive substring). The score is the share of gold answers found.
+
+    Predictions get RULER's clean-up first (:func:`ruler_clean_prediction`).
+
+    Source: memagent's own rule (issue 15: an answer that lists many candidates must not score); RULER's metric.
+    """
+    golds = _as_list(answers)
+    if not golds:
+        return 0.0
+    pred = ruler_clean_prediction(prediction)
+    shapes = [answer_shape(g) for g in golds]
+    found: dict[str, set[str]] = {}
+    for shape in set(s for s in shapes if s is not None):
+        found[shape] = {m.group(0).lower() for m in re.finditer(shape, pred, flags=re.IGNORECASE if "0-9a-f" in shape else 0)}
+        if len(found[shape]) > shapes.count(shape):
+            return 0.0
+    hits = sum((g.strip().lower() in found[s]) if s is not None else (g.lower() in pred.lower())
+               for g, s in zip(golds, shapes))
+    return hits / len(golds)

@@ -158,7 +158,7 @@ def test_memory_agent_rollouts_are_the_same_on_both_backends(backends):
     from memagent.train.synthetic import needle_samples
 
     single, batched = backends
-    templates = PromptTemplates.from_file("benchmarks/templates/section_before_memory.yaml")
+    templates = PromptTemplates.from_file("chunk_first")
     samples = repeat_samples(needle_samples(2, 160, seed=1), 2)
     cfg = AgentConfig(chunk_tokens=96, memory_tokens=16, final_tokens=12, temperature=0.0, seed=0, batch_size=4)
     before = batched.stats

@@ -284,3 +284,21 @@ def test_sampling_logprobs_reach_the_turns_but_not_the_trace():
     assert "response_token_logprobs" not in traj.turns[0].to_dict()
     # backends without log-probabilities leave the field None
     assert _agent(ScriptedBackend(replies=["n", "a"])).answer("q", "abc").turns[0].response_token_logprobs is None
+
+
+def test_cjk_text_at_tiny_chunk_sizes_sends_no_empty_section():
+    """At chunk_tokens 1-2 on CJK text (3 byte tokens per character) 74 of 172 update calls got an empty
+    section before chunks were kept non-empty (issue 17, item 10)."""
+    import re
+
+    from memagent.backends.scripted import ScriptedBackend
+
+    doc = "記憶は文書を一節ずつ読む。" * 4
+    for size in (1, 2):
+        backend = ScriptedBackend()
+        agent = MemoryAgent(backend, AgentConfig(chunk_tokens=size, memory_tokens=64, final_tokens=16, batch_size=1))
+        traj = agent.run([Sample("cjk", "何を読む?", doc)])[0]
+        sections = [re.search(r"<section>\n(.*?)\n</section>", r.messages[-1].content, re.S).group(1)
+                    for call in backend.calls for r in call if "<section>" in r.messages[-1].content]
+        assert len(sections) == len(doc) and all(sections) and "".join(sections) == doc
+        assert traj.ok and len(traj.turns) == len(doc) + 1

@@ -70,3 +70,52 @@ def test_templates_from_file_and_errors(tmp_path):
         PromptTemplates.from_file(p)
     with pytest.raises(ConfigError, match="cannot read"):
         PromptTemplates.from_file(tmp_path / "missing.yaml")
+
+
+def test_builtin_chunk_first_templates():
+    from memagent.agent.prompts import DEFAULT_TEMPLATES, PromptTemplates
+
+    t = PromptTemplates.from_file("chunk_first")
+    assert PromptTemplates.from_file("default") == DEFAULT_TEMPLATES
+    text = t.render_update("Q?", "MEM", "CHUNK")
+    assert text.index("<problem>") < text.index("CHUNK") < text.index("MEM")
+    # two memories over the same chunk share everything before the memory
+    a, b = t.render_update("Q?", "MEMONE", "CHUNK"), t.render_update("Q?", "MEMTWO", "CHUNK")
+    assert a[: a.index("MEMONE")] == b[: b.index("MEMTWO")] and len(a[: a.index("MEMONE")]) > len(t.update) // 2
+    assert t.final == DEFAULT_TEMPLATES.final and t.hash != DEFAULT_TEMPLATES.hash
+
+@pytest.mark.parametrize(
+    "text, answer",
+    [
+        # Qwen2.5-Instruct's markdown labels
+        ("**Answer:** Paris", "Paris"),
+        ("**Answer**: Paris", "Paris"),
+        ("Based on the notes:\n\n**Final Answer:** Paris.", "Paris"),
+        ("### Final Answer\n\nParis", "Paris"),
+        ("Reasoning first.\n**Final Answer**\n**Paris**", "Paris"),
+        # plain labels
+        ("Answer: Paris", "Paris"),
+        ("Final answer: 1945", "1945"),
+        ("Your answer: yes", "yes"),
+        ("The answer: no.", "no"),
+        ("> answer : Nile", "Nile"),
+        # SmolLM2-135M-Instruct, from docs/results/embedded and a short run of the embedded model
+        ('The answer to this question is: "Hamlet"', "Hamlet"),
+        ("The answer to the question is 1.\n\nThe document provides a detailed description.", "1"),
+        ("The answer to this question is:\n\nYes, they are both American.", "Yes, they are both American"),
+        ('- Answer: The answer is "S/S"', "S/S"),
+        ("The answer is Rome.\nYour answer is:", "Rome"),  # the last label is empty: the one before it
+        ("...and the final answer is:\n\nThe final answer is:\n\nMaid Marian.", "Maid Marian"),  # SmolLM2
+        ('- Answer: The answer is "S/S"\n- Answer: The document contains the following:', "S/S"),  # a lead-in
+    ],
+)
+def test_answer_labels_small_instruct_models_write(text, answer):
+    got = extract_answer(text)
+    assert (got.answer, got.method) == (answer, "answer_is")
+
+
+@pytest.mark.parametrize("text", ["Answer the question from the notes: Paris", "Your answer is:",
+                                  "The answer is:\n\nThe answer is:\n\nThe answer is:",  # SmolLM2 repeating itself
+                                  "The answers differ by source.", "My reply: Paris"])
+def test_text_that_only_mentions_an_answer_stays_raw(text):
+    assert extract_answer(text).method == "raw"

@@ -300,3 +300,34 @@ def test_a_failed_request_is_named_once_in_the_sample_error():
                                                                                   final_tokens=8))
     traj = agent.answer("q?", "a short document", sample_id="s7")
     assert traj.error == "BackendError: [request s7/chunk0] HTTP 422: nope"
+
+
+def test_a_server_that_cut_the_prompt_gives_a_prompt_truncated_error_naming_both_counts():
+    """A server answering from 50 prompt tokens for a 2,000-token prompt cut it to its window (issue 17, item 1)."""
+    doc = (Message("user", "x" * 2000),)  # 2,000 tokens by the byte tokenizer
+    server = _Server((200, _ok_body(prompt_tokens=50)))
+    (c,) = _backend(server, tokenizer=ByteTokenizer(), max_retries=3).generate([Request(doc, 8, request_id="d/chunk0")])
+    assert len(server.seen) == 1  # not retried: the same prompt would be cut again
+    assert c.finish_reason == "error" and c.text == ""
+    assert c.error.startswith("PromptTruncated: [request d/chunk0] the server counted 50 prompt tokens, but the "
+                              "messages alone hold 2000 tokens")
+    assert "--n-ctx" in c.error and "--max-model-len" in c.error
+
+
+def test_prompt_usage_tolerance_boundary_and_servers_without_usage():
+    from memagent.backends.openai_compat import check_prompt_usage
+    from memagent.errors import PromptTruncated
+
+    # slack for 2,000 content tokens: 16 + 5% of 2,000 = 116, so 1,884 passes and 1,883 is a cut prompt
+    check_prompt_usage(1884, 2000, "r")
+    with pytest.raises(PromptTruncated, match="counted 1883 prompt tokens"):
+        check_prompt_usage(1883, 2000, "r")
+    check_prompt_usage(0, 2000, "r")  # usage not reported: nothing to compare
+    check_prompt_usage(2100, 2000, "r")  # the template adds tokens
+    doc = (Message("user", "x" * 2000),)
+    no_usage = _ok_body()
+    del no_usage["usage"]
+    (c,) = _backend(_Server((200, no_usage)), tokenizer=ByteTokenizer()).generate([Request(doc, 8, request_id="a")])
+    assert c.error is None and c.text == "Paris"
+    (c,) = _backend(_Server((200, _ok_body(prompt_tokens=50)))).generate([Request(doc, 8, request_id="b")])
+    assert c.error is None  # no tokenizer: nothing to count the prompt with

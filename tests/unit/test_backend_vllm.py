@@ -205,3 +205,24 @@ def test_close_shuts_the_engine_down_once(fake_vllm, tiny, model_dir):
     b.close()
     b.close()
     assert calls == [1] and b.llm is None
+
+
+def test_a_model_path_that_does_not_exist_is_named_before_anything_loads(monkeypatch, tmp_path):
+    """`--backend vllm --model /nonexistent` gave a transformers traceback (issue 17, item 9)."""
+    import transformers
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # importing vllm would fail differently
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: pytest.fail("loaded"))
+    for missing in ("/nonexistent", str(tmp_path / "no" / "such"), "./not-here", "~/memagent-none"):
+        with pytest.raises(ConfigError, match=f"vllm backend: model '{missing}' does not exist; give an HF model"):
+            VLLMBackend(missing)
+    from memagent.backends.vllm import check_model_path
+
+    assert check_model_path("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"  # a hub name: the hub's
+    assert check_model_path(str(tmp_path)) == str(tmp_path)
+
+
+def test_a_tokenizer_that_cannot_load_is_a_config_error(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(ConfigError, match=r"vllm backend: cannot load the tokenizer of model '.*'"):
+        VLLMBackend(str(tmp_path))  # a folder without tokenizer files

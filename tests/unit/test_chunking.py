@@ -15,12 +15,33 @@ def test_byte_chunks_exact_boundaries():
     # bytes: a=0 | é=1,2 | 中=3,4,5 | 😀=6..9 ; chunks of 3 bytes cut at bytes 3, 6, 9
     text = "aé中😀"
     chunks = chunk_text(text, ByteTokenizer(), 3)
-    assert [(c.start_token, c.end_token) for c in chunks] == [(0, 3), (3, 6), (6, 9), (9, 10)]
     # byte 3 starts 中 (char 2), byte 6 starts 😀 (char 3), byte 9 is inside 😀: the character stays with
-    # the chunk in which it starts, so the last chunk holds one token and no text.
-    assert [(c.start_char, c.end_char) for c in chunks] == [(0, 2), (2, 3), (3, 4), (4, 4)]
-    assert [c.text for c in chunks] == ["aé", "中", "😀", ""]
+    # the chunk in which it starts, so the slice [9, 10) (no character starts in it) joins that chunk.
+    assert [(c.start_token, c.end_token) for c in chunks] == [(0, 3), (3, 6), (6, 10)]
+    assert [(c.start_char, c.end_char) for c in chunks] == [(0, 2), (2, 3), (3, 4)]
+    assert [c.text for c in chunks] == ["aé", "中", "😀"]
     assert "".join(c.text for c in chunks) == text
+
+
+@pytest.mark.parametrize("size", [1, 2])
+def test_cjk_at_tiny_chunk_sizes_never_gives_an_empty_chunk(size):
+    """Each CJK character is 3 byte tokens; at 1-2 tokens per chunk the reader used to get empty sections
+    (74 of 172 update calls in a review, issue 17 item 10). A character longer than a chunk stays whole."""
+    text = "日本語のテキスト"  # 8 characters, 24 bytes
+    chunks = chunk_text(text, ByteTokenizer(), size)
+    assert [c.text for c in chunks] == list(text)
+    assert [c.index for c in chunks] == list(range(8))
+    assert [c.end_token for c in chunks[:-1]] == [c.start_token for c in chunks[1:]] and chunks[-1].end_token == 24
+    if size == 1:  # each character's 3 tokens form one chunk
+        assert [(c.start_token, c.end_token) for c in chunks] == [(3 * k, 3 * k + 3) for k in range(8)]
+    mixed = chunk_text("a中b", ByteTokenizer(), 2)  # bytes a | 中 中 中 | b: slices [0,2) [2,4) [4,5)
+    assert [(c.text, c.start_token, c.end_token) for c in mixed] == [("a中", 0, 4), ("b", 4, 5)]
+
+
+def test_zero_width_tokens_at_the_start_join_the_next_chunk():
+    # token 0 covers no character (boundaries 0, 0): its one-token slice joins the chunk after it
+    chunks = chunk_offsets("ab", [7, 8, 9], [0, 0, 1, 2], 1)
+    assert [(c.text, c.start_token, c.end_token) for c in chunks] == [("a", 0, 2), ("b", 2, 3)]
 
 
 def test_boundaries_round_up_inside_character():
@@ -40,10 +61,14 @@ def test_gguf_round_trip_mixed_script(gguf_tokenizer, size):
     ids, bounds = gguf_tokenizer.encode_with_offsets(MIXED)
     chunks = chunk_offsets(MIXED, ids, bounds, size)
     assert "".join(c.text for c in chunks) == MIXED
-    assert len(chunks) == -(-len(ids) // size)
-    assert all(c.num_tokens == size for c in chunks[:-1])
-    assert sum(c.num_tokens for c in chunks) == len(ids)
-    assert [c.start_token for c in chunks] == list(range(0, len(ids), size))
+    assert all(c.text for c in chunks)  # never an empty chunk
+    assert [c.end_token for c in chunks[:-1]] == [c.start_token for c in chunks[1:]]
+    assert chunks[0].start_token == 0 and chunks[-1].end_token == len(ids)
+    assert all(c.start_token % size == 0 and c.num_tokens >= min(size, len(ids) - c.start_token) for c in chunks)
+    # a chunk holds more than `size` tokens only when a character spans its last slice: at most 3 extra bytes
+    assert all(c.num_tokens <= size + 3 for c in chunks)
+    if size >= 5:  # no character of the text is longer than 4 byte tokens
+        assert len(chunks) == -(-len(ids) // size)
 
 
 def test_gguf_control_tokens_are_plain_text(gguf_tokenizer):
@@ -101,3 +126,16 @@ def test_gguf_long_whitespace_pieces_are_not_cut(gguf_tokenizer):
     assert max(len(gguf_tokenizer.piece(t)) for t in ids) > 32
     assert gguf_tokenizer.decode(ids) == text
     assert "".join(c.text for c in chunk_offsets(text, ids, bounds, 2)) == text
+
+
+def test_gguf_bytes_the_vocabulary_lacks_stay_in_the_text(gguf_tokenizer):
+    """SmolLM2's vocabulary has no token for some control bytes (0x04, 0x06, 0x13, 0x14, 0x16, 0x1D) or for the
+    lead bytes 0xF1-0xF2; llama.cpp drops them, which made chunking fail with "does not reproduce its input"
+    (found by the property tests, issue 17 item 11). They now count with the token before them."""
+    text = "\x04\x04start\x13 middle \x1d\U00040000 end\x06"
+    assert gguf_tokenizer.decode(gguf_tokenizer.encode(text)) == "start middle \ufffd\ufffd\ufffd end"  # dropped
+    for size in (1, 2, 5):
+        chunks = chunk_text(text, gguf_tokenizer, size)
+        assert "".join(c.text for c in chunks) == text and all(c.text for c in chunks)
+    assert chunks[0].text.startswith("\x04\x04start")
+    assert gguf_tokenizer.encode_with_offsets("\x1d\x04") == ([], [0]) and chunk_text("\x1d", gguf_tokenizer, 4) == []

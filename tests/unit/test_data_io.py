@@ -159,3 +159,97 @@ def test_sample_answers_must_be_strings_in_a_sequence():
         Sample("a", "q", "doc", "Paris")
     with pytest.raises(TypeError, match="answers must be strings"):
         Sample("a", "q", "doc", (1934,))
+
+
+def test_a_lone_surrogate_is_refused_at_read_time_with_file_line_and_field(tmp_path):
+    """JSON's "\\ud800" escape without its pair decodes to a code point no tokenizer can encode (issue 17, item 3)."""
+    good = '{"id": "a", "question": "q", "context": "fine"}\n'
+    p = tmp_path / "s.jsonl"
+    p.write_text(good + '{"id": "b", "question": "q", "context": "bad \\ud800 text"}\n')
+    with pytest.raises(DataError, match=r"s\.jsonl:2: field 'context' holds a lone surrogate U\+D800 at character 4"):
+        read_samples(p)
+    p.write_text(good + '{"id": "b", "question": "q", "context": "c", "metadata": {"k": ["x", "\\udfff"]}}\n')
+    with pytest.raises(DataError, match=r"s\.jsonl:2: field 'metadata\.k\[1\]' holds a lone surrogate U\+DFFF"):
+        read_samples(p)
+    j = tmp_path / "s.json"
+    j.write_text('[{"id": "a", "question": "q\\udc80?", "context": "c"}]')
+    with pytest.raises(DataError, match=r"s\.json\[0\]: field 'question' holds a lone surrogate U\+DC80 at character 1"):
+        read_samples(j)
+    # a surrogate pair is one character (an emoji); a backslash-escaped "\\ud800" is plain text
+    p.write_text('{"id": "a", "question": "q", "context": "\\ud83d\\ude00 and \\\\ud800"}\n')
+    assert read_samples(p)[0].context == "\U0001F600 and \\ud800"
+
+
+def test_json_readers_turn_every_parse_failure_into_a_data_error(tmp_path):
+    p = tmp_path / "s.jsonl"
+    p.write_text("[" * 100_000 + "\n")  # nested too deeply for the parser
+    with pytest.raises(DataError, match=r"s\.jsonl:1: invalid JSON \(arrays or objects nested too deeply\)"):
+        read_samples(p)
+    p.write_text('{"id": ' + "1" * 5000 + "}\n")  # an integer above Python's 4,300-digit limit
+    with pytest.raises(DataError, match=r"s\.jsonl:1: invalid JSON \(Exceeds the limit"):
+        read_samples(p)
+    p.write_bytes('{"id": "a", "question": "q", "context": "c"}\n'.encode("utf-16"))
+    with pytest.raises(DataError, match=r"s\.jsonl:1: the file is UTF-16 .*iconv -f utf-16 -t utf-8"):
+        read_samples(p)
+    j = tmp_path / "s.json"
+    j.write_text('[\n{"id": "a",\n "question": }]')
+    with pytest.raises(DataError, match=r"s\.json: invalid JSON \(Expecting value at line 3 column 14\)"):
+        read_samples(j)
+
+
+@pytest.mark.parametrize("codec", ["utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le", "utf-32-be", "utf-8-sig"])
+def test_a_document_with_a_byte_order_mark_is_decoded_by_it(codec):
+    """UTF-16 text with a BOM was read as garbled UTF-8 with only a warning (issue 17, item 10)."""
+    from memagent.data.io import read_document_text
+
+    text = "Grüße, 世界 😀\nline two"
+    raw = text.encode(codec)
+    if not codec.startswith("utf-8") and codec[-2:] in ("le", "be"):  # these codecs write no mark: add it
+        raw = "\ufeff".encode(codec) + raw
+    assert read_document_text(raw, "doc", warn=pytest.fail) == text
+
+
+def test_binary_documents_are_refused_unless_allowed(tmp_path):
+    from memagent.data.io import read_document_text
+
+    png = tmp_path / "img.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)) * 4)
+    with pytest.raises(DataError, match=r"img\.png looks like a binary file, not text \(it holds NUL bytes \(the first "
+                                         r"at byte 8\).*pass --allow-binary"):
+        read_document_text(png)
+    warned = []
+    text = read_document_text(png, allow_binary=True, warn=warned.append)
+    assert text.startswith("\ufffdPNG\r\n\x1a\n\x00") and "looks binary" in warned[0]
+    controls = bytes(b for b in range(1, 32) if b not in b"\t\n\r\x0b\x0c\x08\x1b") * 10 + b"x" * 4000
+    with pytest.raises(DataError, match=r"240 of its first 4240 bytes are control characters"):
+        read_document_text(controls, "ctl")  # 5.7% without a NUL byte
+    assert read_document_text(controls[:150] + b"x" * 3000, "ctl", warn=pytest.fail)  # 4.8%: text
+
+
+def test_legacy_encodings_and_terminal_text_are_text_with_a_warning(tmp_path):
+    from memagent.data.io import read_document_text
+
+    warned = []
+    russian = "Привет, мир. " * 20
+    text = read_document_text(russian.encode("cp1251"), "ru", warn=warned.append)  # not refused as binary
+    assert text.count(", ") == 20 and text.count(". ") == 20 and set(text) == {"\ufffd", ",", ".", " "}
+    assert warned == ["ru is not valid UTF-8 (invalid continuation byte at byte 0); undecodable bytes are replaced "
+                      "by U+FFFD"]
+    colored = b"\x1b[31merror\x1b[0m: disk full\x08\n"
+    assert read_document_text(colored, "log", warn=pytest.fail) == colored.decode()
+    warned.clear()
+    assert read_document_text("\ufeffab".encode("utf-16-le")[:-1] + b"", "odd", warn=warned.append) == "a\ufffd"
+    assert warned[0].startswith("odd is not valid UTF-16 (by its byte-order mark) (truncated data at byte 4)")
+    warned.clear()
+    assert read_document_text(b" \n", "blank", warn=warned.append) == " \n"
+    assert warned == ["the document (blank) is empty: the answer comes from no memory at all"]
+    with pytest.raises(DataError, match="is not a file"):
+        read_document_text(tmp_path)
+
+
+def test_a_stray_control_character_does_not_make_a_text_binary():
+    from memagent.data.io import read_document_text
+
+    assert read_document_text(b"hello\x04world\n", "t", warn=pytest.fail) == "hello\x04world\n"  # 1 of 12 bytes
+    with pytest.raises(DataError, match="17 of its first 17 bytes"):
+        read_document_text(b"\x01" * 17, "t")

@@ -142,8 +142,28 @@ def test_strict_boxed_reference_mode():
     assert strict_boxed_reward_reference("\\boxed{Beatles.}", ["Beatles"]) == 0.0  # punctuation kept
     assert strict_boxed_reward("\\boxed{Beatles.}", ["Beatles"]) == 1.0
     assert strict_boxed_reward_reference("\\boxed 42$ tail", ["42"]) == 1.0
-    assert strict_boxed_reward_reference("\\fbox{7}", ["7"]) == 1.0
     assert strict_boxed_reward_reference("no box", ["x"]) == 0.0
+
+
+def test_strict_boxed_reference_mode_keeps_each_fault_of_the_reference():
+    """Each fault of the reference's reward, reproduced (issue 17, item 6; values checked against the reference's
+    own compute_score on 300,000 generated responses while writing this)."""
+    ref = strict_boxed_reward_reference
+    assert ref("\\fbox{Paris}", ["Paris"]) == 0.0  # found as a fallback, but only \boxed{ can be unwrapped
+    assert ref("\\boxed\\text{Paris}", ["Paris"]) == 0.0  # the same: the box does not start with \boxed{
+    assert ref("\\boxed{\\text{Paris}}", ["\\text{paris}"]) == 1.0  # no \text removal
+    assert ref("\\boxed{0.5}", [".5"]) == 0.0  # no leading 0 for a decimal that starts with a dot
+    assert ref("\\boxed{ .5}", ["0.5"]) == 1.0  # but " ." becomes " 0."
+    assert ref("\\boxed{50%}", ["50"]) == 0.0 and ref("\\boxed{50\\%}", ["50"]) == 1.0  # only \% goes
+    assert ref("\\BOXED{Paris}", ["PARIS"]) == 1.0  # lower-cased before the box is looked for
+    assert ref("\\boxed{Lyon} and \\boxed Paris$", ["Paris"]) == 1.0  # "\boxed " wins over a later box
+    assert ref("\\boxed Paris$ and \\boxed{Lyon}", ["Lyon"]) == 0.0
+    assert ref("\\boxed Paris.", ["Paris"]) == 0.0  # runs to the end: "paris."
+    assert ref("\\boxed{new\tyork}", ["new york"]) == 0.0  # tabs count, spaces do not
+    assert ref("\\boxed{}", [""]) == 1.0  # an empty box equals an empty gold answer
+    assert ref("\\boxed{Paris}" + " " * 290, ["Paris"]) == 0.0  # the 300-character window starts at "xed{"
+    assert ref("\\boxed{Paris}" + " " * 287, ["Paris"]) == 1.0  # 300 characters exactly
+    assert ref("\\boxed{Paris}", []) == 0.0  # the reference raises here (max of no scores)
 
 
 def test_reference_helpers():
@@ -153,7 +173,8 @@ def test_reference_helpers():
     assert reference_last_boxed("nothing") is None
     assert reference_strip_string("\\dfrac{1}{2}") == "\\frac{1}{2}"
     assert reference_strip_string(" .5 \\%") == "0.5"
-    assert reference_strip_string(".5") == "0.5"
+    assert reference_strip_string(".5") == ".5"  # the reference's leading-dot rule is a comment, not code
+    assert reference_last_boxed("\\fbox{x}") is None and reference_last_boxed("\\boxed\\text{x}") is None
     assert reference_strip_string("90^\\circ\n") == "90"
 
 
@@ -179,3 +200,51 @@ def test_registry():
         "sub_em": 1.0,
         "f1": pytest.approx(2 / 3),
     }
+
+
+@pytest.mark.parametrize("prediction, answers, score", [
+    ("The special magic number for drab-cheek is 2345678.", ["2345678"], 1.0),
+    ("1234567, 2345678, 3456789", ["2345678"], 0.0),          # lists candidates: no reward
+    ("the number is 12345678", ["2345678"], 0.0),              # not the whole number
+    ("2345678 or maybe 2345678", ["2345678"], 1.0),            # repeating the one answer is fine
+    ("VAR ABCDE, FGHIJ KLMNO PQRST UVWXY", ["ABCDE", "FGHIJ", "KLMNO", "PQRST", "UVWXY"], 1.0),
+    ("ABCDE FGHIJ KLMNO PQRST UVWXY ZZZZZ", ["ABCDE", "FGHIJ", "KLMNO", "PQRST", "UVWXY"], 0.0),
+    ("ABCDE FGHIJ", ["ABCDE", "FGHIJ", "KLMNO", "PQRST", "UVWXY"], 0.4),
+    ("Paris, France", ["paris"], 1.0),                          # free text: RULER's substring rule
+    ("", ["2345678"], 0.0),
+])
+def test_string_match_guarded(prediction, answers, score):
+    from memagent.verifiers import get_verifier
+
+    assert get_verifier("string_match_guarded")(prediction, answers) == pytest.approx(score)
+
+
+def test_answer_shapes():
+    from memagent.verifiers import answer_shape
+
+    assert answer_shape("2345678") is not None and answer_shape("ABCDE") is not None
+    assert answer_shape("3f2b1c9e-1d2a-4b6c-8e9f-0a1b2c3d4e5f") is not None
+    assert answer_shape("Paris") is None and answer_shape("New York") is None
+
+def test_ruler_clean_up_of_the_prediction_before_string_matching():
+    """RULER strips the prediction, turns control characters into newlines and strips again before matching
+    (issue 17, item 7)."""
+    from memagent.verifiers import ruler_clean_prediction
+
+    assert ruler_clean_prediction("  a\x1fb\t") == "a\nb"
+    assert ruler_clean_prediction("\x00\x01 \n\x1f") == "" and ruler_clean_prediction(None) == ""
+    assert ruler_clean_prediction("x\x7fy\u00a0") == "x\x7fy"  # DEL is not in RULER's range; NBSP is whitespace
+    assert string_match_all("a\tb", ["a\tb"]) == 0.0  # the tab became a newline
+    assert string_match_part("code 42\x00", ["42\x00"]) == 0.0
+    assert string_match_part(" Paris", [" paris"]) == 0.0  # stripped first
+    assert string_match_all("\tParis\x00 and Rome", ["paris", "rome"]) == 1.0
+    assert string_match_all("Paris\n\nRome", ["Paris\nRome"]) == 0.0  # newlines stay newlines
+
+
+def test_a_prediction_of_control_characters_counts_as_empty():
+    from memagent.eval.metrics import summarize
+
+    rows = [{"method": "m", "task": "vt", "length": 8, "sample_id": s, "status": "ok", "answer": a, "metric": "m",
+             "score": 0.0, "scores": {}} for s, a in (("a", "\x00\x1f"), ("b", " x "), ("c", "\t\n"))]
+    (cell,) = summarize(rows)
+    assert cell.n_empty == 2

@@ -38,7 +38,8 @@ from dataclasses import dataclass, field, fields
 from memagent.answers import extract_answer, strip_reasoning
 from memagent.backends.base import DEFAULT_CHAT_OVERHEAD_TOKENS, Backend
 from memagent.chunking import center_truncate, chunk_text
-from memagent.configtypes import coerce
+from memagent.configtypes import check_sampling, coerce
+from memagent.data.schema import lone_surrogate
 from memagent.errors import BackendError, ConfigError
 from memagent.agent.prompts import DEFAULT_TEMPLATES, PromptTemplates
 from memagent.tokenization import Tokenizer, count_tokens
@@ -85,8 +86,7 @@ class AgentConfig:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_context_tokens is not None and self.max_context_tokens < 2:
             raise ConfigError(f"max_context_tokens must be >= 2 or None, got {self.max_context_tokens}")
-        if self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise ConfigError(f"need temperature >= 0 and 0 < top_p <= 1, got {self.temperature}, {self.top_p}")
+        check_sampling(self.temperature, self.top_p)
 
 
 @dataclass
@@ -157,8 +157,10 @@ class MemoryAgent:
         """Check that both calls for ``question`` fit the backend's context window.
 
         Raises:
-            ConfigError: naming the call, every term of the sum, and the setting to change.
+            ConfigError: naming the call, every term of the sum, and the setting to change; or the question holds
+                a lone surrogate code point, which no tokenizer can encode.
         """
+        _refuse_lone_surrogate(question, f"sample {sample_id}: the question")
         window = self.backend.context_tokens
         if window is None:
             return
@@ -277,7 +279,7 @@ class MemoryAgent:
 
         Raises:
             ConfigError: an item is not a :class:`Sample`, a question or document is not a string, a question is
-                empty, or a sample's calls cannot fit the context window (checked for all samples before the
+                empty, a question or document holds a lone surrogate code point, or a sample's calls cannot fit the context window (checked for all samples before the
                 first call).
             BackendError: only with ``strict=True``, on the first failed request.
         """
@@ -291,6 +293,7 @@ class MemoryAgent:
                                   f"{type(s.question).__name__} and {type(s.context).__name__}")
             if not s.question.strip():
                 raise ConfigError(f"sample {s.id}: the question is empty")
+            _refuse_lone_surrogate(s.context, f"sample {s.id}: the document")
             self.check_budget(s.question, s.id)
         bars = _Bars(len(samples)) if progress else None
         run = self._run_lockstep if getattr(self.backend, "batched", True) else self._run_pipelined
@@ -375,6 +378,12 @@ class MemoryAgent:
     def answer(self, question: str, document: str, sample_id: str = "0", **kwargs) -> Trajectory:
         """Answer one question over one document (see :meth:`run` for keyword arguments)."""
         return self.run([Sample(sample_id, question, document)], **kwargs)[0]
+
+
+def _refuse_lone_surrogate(text: str, what: str) -> None:
+    if (at := lone_surrogate(text)) is not None:
+        raise ConfigError(f"{what} holds a lone surrogate U+{ord(text[at]):04X} at character {at}, which no "
+                          "tokenizer can encode; remove it")
 
 
 def _with_seconds(c: Completion, seconds: float) -> Completion:

@@ -93,11 +93,15 @@ class PromptTemplates:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> PromptTemplates:
-        """Load templates from a YAML (or JSON) file with keys update, final, no_memory, system.
+        """Load templates from a YAML (or JSON) file with keys update, final, no_memory, system, or one of the
+        templates shipped with memagent by name (:data:`BUILTIN_TEMPLATES`: ``default``, ``chunk_first``) when no
+        file of that name exists.
 
         Raises:
             ConfigError: the file is missing, unreadable, or lacks ``update``/``final``.
         """
+        if isinstance(path, str) and path in BUILTIN_TEMPLATES and not os.path.exists(path):
+            return _load_builtin(path)
         try:
             with open(path, encoding="utf-8") as f:
                 data = yaml.safe_load(f)
@@ -116,9 +120,15 @@ class PromptTemplates:
         return cls(**data)
 
 
-def _load_default() -> PromptTemplates:
-    text = resources.files("memagent.agent").joinpath("templates/default.yaml").read_text(encoding="utf-8")
+#: Templates shipped in ``memagent/agent/templates/``: ``default`` (the reference's order: problem, memory,
+#: section) and ``chunk_first`` (problem, section, memory: the G rollouts of a question that read the same chunk
+#: share every prompt token before the memory, so that prefix can be computed once per group).
+BUILTIN_TEMPLATES = ("default", "chunk_first")
+
+
+def _load_builtin(name: str) -> PromptTemplates:
+    text = resources.files("memagent.agent").joinpath(f"templates/{name}.yaml").read_text(encoding="utf-8")
     return PromptTemplates(**yaml.safe_load(text))
 
 
-DEFAULT_TEMPLATES = _load_default()
+DEFAULT_TEMPLATES = _load_builtin("default")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+from memagent.configtypes import check_sampling
 from memagent.tokenization import Tokenizer
 from memagent.types import Completion, Message, Request
 
@@ -29,6 +30,24 @@ def check_context_tokens(value: int | None, backend: str) -> int | None:
         raise ConfigError(f"{backend} backend: the context window (context_tokens / --n-ctx) must be a positive "
                           f"number of tokens, got {value!r}")
     return value
+
+
+def check_request(request: Request) -> None:
+    """Refuse a request no backend can serve: ``max_tokens < 1``, or sampling settings outside
+    :func:`memagent.configtypes.check_sampling` (a temperature or top-p that is NaN or infinite included).
+
+    Every backend calls it on every request before any of them runs, so a request built by hand through the
+    Python API fails as a whole batch, at once, instead of sampling noise or failing inside a JSON encoder.
+
+    Raises:
+        ConfigError: naming the request id and the setting.
+    """
+    from memagent.errors import ConfigError
+
+    where = f"request {request.request_id!r}: "
+    if isinstance(request.max_tokens, bool) or not isinstance(request.max_tokens, int) or request.max_tokens < 1:
+        raise ConfigError(f"{where}max_tokens must be >= 1 (a whole number of tokens), got {request.max_tokens!r}")
+    check_sampling(request.temperature, request.top_p, where=where)
 
 
 @runtime_checkable

@@ -21,7 +21,7 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
-from memagent.backends.base import check_context_tokens
+from memagent.backends.base import check_context_tokens, check_request
 from memagent.backends.chat import encode_pieces, messages_as_dicts, render_pieces
 from memagent.errors import ConfigError
 from memagent.tokenization import HFTokenizer
@@ -242,7 +242,13 @@ class HFBackend(ChatTokens):
         ChatTokens.__init__(self, tokenizer, name, getattr(model.generation_config, "eos_token_id", None))
 
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
-        """Generate one completion per request (request order); see the module docstring for token ids."""
+        """Generate one completion per request (request order); see the module docstring for token ids.
+
+        Raises:
+            ConfigError: a request no backend can serve (:func:`memagent.backends.base.check_request`).
+        """
+        for r in requests:
+            check_request(r)
         out: list[Completion | None] = [None] * len(requests)
         todo: dict[tuple[float, float], list[tuple[int, list[int]]]] = {}
         for i, r in enumerate(requests):

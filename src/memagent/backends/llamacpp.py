@@ -21,6 +21,7 @@ import random
 import time
 from collections.abc import Sequence
 
+from memagent.backends.base import check_request
 from memagent.backends.chat import encode_pieces, messages_as_dicts, render_pieces
 from memagent.backends.models import smollm2_gguf_path
 from memagent.errors import ConfigError, ContextOverflow
@@ -214,13 +215,14 @@ class LlamaCppBackend:
             ``error``; the other requests still run.
 
         Raises:
-            ConfigError: the backend is closed, or a request has ``max_tokens < 1``, ``temperature < 0`` or
-                ``top_p`` outside ``(0, 1]``.
+            ConfigError: the backend is closed, or a request has ``max_tokens < 1``, a temperature that is not
+                a finite number >= 0 or a top_p that is not a finite number in ``(0, 1]``
+                (:func:`memagent.backends.base.check_request`).
         """
         if self._closed:
             raise ConfigError(f"{self.name} is closed; create a new backend")
         for r in requests:
-            _check_request(r)
+            check_request(r)
         return [self._generate_one(r) for r in requests]
 
     def _generate_one(self, request: Request) -> Completion:
@@ -313,16 +315,6 @@ def _set_adapter(ctx, adapter, scale: float) -> None:
         rc = llama_cpp.llama_set_adapters_lora(ctx, arr, 1, (ctypes.c_float * 1)(scale))
     if rc != 0:
         raise ConfigError(f"llama.cpp refused to set the LoRA adapter on its context (code {rc})")
-
-
-def _check_request(r: Request) -> None:
-    where = f"request {r.request_id!r}"
-    if r.max_tokens < 1:
-        raise ConfigError(f"{where}: max_tokens must be >= 1, got {r.max_tokens}")
-    if r.temperature < 0:
-        raise ConfigError(f"{where}: temperature must be >= 0 (0 = greedy), got {r.temperature}")
-    if not 0 < r.top_p <= 1:
-        raise ConfigError(f"{where}: top_p must be in (0, 1], got {r.top_p}")
 
 
 def _error(err: Exception | str, n_prompt: int, prompt_ids: list[int], seconds: float) -> Completion:

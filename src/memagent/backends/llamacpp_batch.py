@@ -17,7 +17,8 @@ import os
 import time
 from collections.abc import Sequence
 
-from memagent.backends.llamacpp import LlamaCppBackend, _check_request, _error
+from memagent.backends.base import check_request
+from memagent.backends.llamacpp import LlamaCppBackend, _error
 from memagent.backends.llamacpp_engine import BatchEngine, Job
 from memagent.errors import ConfigError, ContextOverflow
 from memagent.types import Completion, Request, Usage
@@ -108,7 +109,7 @@ class BatchedLlamaCppBackend(LlamaCppBackend):
         if self._closed:
             raise ConfigError(f"{self.name} is closed; create a new backend")
         for r in requests:
-            _check_request(r)
+            check_request(r)
         start = time.perf_counter()
         out: list[Completion | None] = [None] * len(requests)
         jobs, where, prompts = [], [], []

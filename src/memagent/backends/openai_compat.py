@@ -5,7 +5,8 @@ Split as in lm-evaluation-harness: :func:`build_payload` and :func:`parse_respon
 transport: a sync ``httpx.Client`` shared by a thread pool of ``concurrency`` workers, with tenacity retries
 (exponential backoff with jitter) on 429, 408, 5xx, connection errors and timeouts. Other 4xx answers are
 not retried. A request that still fails comes back as an error completion naming its request id; the rest
-of the batch goes on.
+of the batch goes on. With a tokenizer, an answer whose ``usage.prompt_tokens`` shows that the server cut the
+prompt to its window is such an error too (:func:`check_prompt_usage`).
 
 The API key is read from the environment variable named by ``api_key_env`` (it may be unset for local
 servers). It is sent only in the ``Authorization`` header and never appears in reprs, errors or results.
@@ -28,9 +29,9 @@ from typing import Any
 import httpx
 import tenacity
 
-from memagent.backends.base import DEFAULT_CHAT_OVERHEAD_TOKENS, check_context_tokens
+from memagent.backends.base import DEFAULT_CHAT_OVERHEAD_TOKENS, check_context_tokens, check_request
 from memagent.backends.chat import messages_as_dicts
-from memagent.errors import BackendError, BackendTimeout, BadResponse, ConfigError, ContextOverflow
+from memagent.errors import BackendError, BackendTimeout, BadResponse, ConfigError, ContextOverflow, PromptTruncated
 from memagent.tokenization import Tokenizer
 from memagent.types import Completion, FinishReason, Message, Request, Usage
 
@@ -53,6 +54,42 @@ _OVERFLOW = re.compile(
     r"|too many tokens|prompt is too long|input is too long|max_model_len",
     re.IGNORECASE,
 )
+
+
+#: How far a server's ``usage.prompt_tokens`` may fall below the client's own count of the message contents
+#: before the prompt counts as cut by the server: a fixed number of tokens (pieces merge differently at the
+#: template's seams) plus a share of the count (a tokenizer close to, but not exactly, the served one).
+PROMPT_USAGE_SLACK_TOKENS = 16
+PROMPT_USAGE_SLACK_SHARE = 0.05
+
+
+def check_prompt_usage(reported_tokens: int, content_tokens: int, request_id: str) -> None:
+    """Refuse a completion made from a prompt the server cut short.
+
+    The chat template only adds tokens to the message contents, so a server that counts far fewer prompt
+    tokens than the contents hold (``reported_tokens < content_tokens - slack``, slack =
+    ``PROMPT_USAGE_SLACK_TOKENS + PROMPT_USAGE_SLACK_SHARE * content_tokens``) has cut the prompt to its own
+    window, as vLLM's ``truncate_prompt_tokens`` and some hosted APIs do, and its answer comes from text the
+    agent never meant to send (a memory update from half a chunk, an answer without the question).
+
+    Args:
+        reported_tokens: the server's ``usage.prompt_tokens``; 0 (usage not reported) skips the check.
+        content_tokens: tokens of the request's message contents by the client's tokenizer (no template).
+        request_id: named in the error.
+
+    Raises:
+        PromptTruncated: naming both counts and the setting to change.
+    """
+    if reported_tokens <= 0:
+        return
+    slack = PROMPT_USAGE_SLACK_TOKENS + int(PROMPT_USAGE_SLACK_SHARE * content_tokens)
+    if reported_tokens < content_tokens - slack:
+        raise PromptTruncated(
+            f"the server counted {reported_tokens} prompt tokens, but the messages alone hold {content_tokens} "
+            "tokens (by --tokenizer): the server cut the prompt to fit its context window. Set --n-ctx "
+            "(context_tokens) to the server's real window so prompts are sized to fit it, or start the server with "
+            "a larger one (vLLM --max-model-len, llama.cpp server --ctx-size); if --tokenizer is not the served "
+            "model's own tokenizer, give that one", request_id)
 
 
 # Strings that chat templates use as control tokens (ChatML, Llama, Mistral, GPT-2 style end of text).
@@ -224,7 +261,9 @@ class OpenAIBackend:
         max_retries: retries after the first attempt for 429/408/5xx, connection errors and timeouts.
         context_tokens: the model's context window in tokens, when known (chat servers do not report it with
             completions; :meth:`server_context_tokens` asks vLLM for it).
-        tokenizer: a tokenizer matching the served model, used only by :meth:`count_prompt_tokens`.
+        tokenizer: a tokenizer matching the served model, used by :meth:`count_prompt_tokens` and to check the
+            server's ``usage.prompt_tokens`` (:func:`check_prompt_usage`: a prompt the server cut short
+            comes back as a :class:`PromptTruncated` error completion).
         extra_body: extra fields added to every payload (see :func:`build_payload`).
         retry_wait_s: first backoff wait in seconds; it doubles per retry, plus up to ``retry_wait_s`` of
             random jitter.
@@ -312,9 +351,15 @@ class OpenAIBackend:
 
         A request that fails (after retries where retrying makes sense) comes back with
         ``finish_reason="error"`` and an ``error`` naming its request id.
+
+        Raises:
+            ConfigError: a request no backend can serve (:func:`memagent.backends.base.check_request`), before
+                any is sent.
         """
         if not requests:
             return []
+        for r in requests:
+            check_request(r)
         if not self._warned_control_text:
             for r in requests:
                 hit = next((m for msg in r.messages if (m := _CONTROL_LIKE.search(msg.content))), None)
@@ -382,7 +427,11 @@ class OpenAIBackend:
             raise err
         if isinstance(body, str):
             raise BadResponse(f"HTTP {resp.status_code} with a body that is not JSON: {body[:200]!r}", rid)
-        return parse_response(body, rid)
+        completion = parse_response(body, rid)
+        if self.tokenizer is not None:
+            sent = sum(len(self.tokenizer.encode(m.content)) for m in request.messages)
+            check_prompt_usage(completion.usage.prompt_tokens, sent, rid)
+        return completion
 
     def check_reachable(self, timeout_s: float = 10.0) -> None:
         """Fail fast, before any sample, when the server cannot be reached or refuses the key: one ``GET

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 
-from memagent.backends.base import check_context_tokens
+from memagent.backends.base import check_context_tokens, check_request
 from memagent.tokenization import ByteTokenizer, Tokenizer
 from memagent.types import Completion, Message, Request, Usage
 
@@ -68,6 +68,10 @@ class ScriptedBackend:
         return sum(len(self.tokenizer.encode(m.content)) for m in messages)
 
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        """One reply per request, in order; a request no backend can serve raises ConfigError, as in the real
+        backends (:func:`memagent.backends.base.check_request`)."""
+        for r in requests:
+            check_request(r)
         self.calls.append(list(requests))
         out = []
         for r in requests:

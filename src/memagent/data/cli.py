@@ -136,3 +136,41 @@ def ruler_command(
         _fail(e)
     for f in files:
         typer.echo(str(f))
+
+
+@app.command("ruler-train")
+def ruler_train_command(
+    task: str = typer.Option("niah_single_2,niah_multikey_1", "--task", "-t", help="comma-separated niah tasks and/or vt, cycled over the samples"),
+    lengths: str = typer.Option("1K,1536,2K", "--lengths", "-l", help="target lengths in tokens, one drawn per sample"),
+    out: Path = typer.Option(Path("runs/data/ruler_train.jsonl"), "--out", "-o", help="output JSONL file"),
+    samples: int = typer.Option(512, "--samples", "-n", help="number of samples"),
+    seed: int = typer.Option(1, "--seed", help="base seed (evaluation data uses 42); sample i depends only on (seed, i)"),
+    haystack: str = typer.Option("gutenberg", "--haystack", help="prose haystack: gutenberg (not the evaluation's essays) or essay"),
+    tokenizer: str = TOKENIZER,
+    data_root: Optional[Path] = DATA_ROOT,
+):
+    """Fresh RULER-family training samples (new draws, Gutenberg haystack from random starts): never the eval data."""
+    from memagent.data.io import write_samples
+    from memagent.data.ruler.train import build_training_set
+    from memagent.data.schema import token_stats, write_manifest
+
+    try:
+        names = [t.strip() for t in task.split(",") if t.strip()]
+        length_list = parse_ints(lengths, "--lengths")
+        if haystack not in ("essay", "gutenberg"):
+            raise ConfigError(f"--haystack must be gutenberg or essay, got {haystack!r}")
+        if out.exists() and out.is_dir():
+            raise ConfigError(f"--out {str(out)!r} is a folder: give a .jsonl file path")
+        tok = load_tokenizer(tokenizer)
+        built = build_training_set(names, length_list, samples, tok, seed=seed, haystack=haystack,
+                                   data_root=None if data_root is None else str(data_root))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_samples(out, built)
+        write_manifest(out.with_suffix(".manifest.json"), {
+            "builder": "memagent data ruler-train", "tasks": names, "lengths_tokens": length_list,
+            "num_samples": len(built), "seed": seed, "haystack": haystack, "tokenizer": tok.name,
+            "input_tokens": token_stats([s.metadata["length_tokens"] for s in built]),
+        })
+    except MemagentError as e:
+        _fail(e)
+    typer.echo(str(out))

@@ -9,17 +9,21 @@
 
 Errors name the file, the line (JSONL) or row index (JSON list, parquet) and the field. Writers pick the format
 from the extension too and write to a temporary file first, so a crash never leaves half a file.
+
+``read_document_text(path_or_bytes)`` reads one plain-text document (``memagent run --document``): decoded by
+its byte-order mark (UTF-8, UTF-16, UTF-32) or as UTF-8, refusing a file that looks binary unless asked.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Iterator
+import re
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from memagent.data.schema import sample_from_hf, sample_from_reference
+from memagent.data.schema import check_unicode, sample_from_hf, sample_from_reference
 from memagent.errors import DataError
 from memagent.types import Sample
 
@@ -40,12 +44,33 @@ def _read_bytes(p: Path) -> bytes:
         raise DataError(f"cannot read {str(p)!r}: {e.strerror or e}") from None
 
 
+# A JSON escape of a surrogate code point (U+D800-U+DFFF): only text holding one can decode to a lone surrogate.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _parse_json(text: str, where: str) -> Any:
+    """``json.loads`` with every failure as a DataError naming ``where``."""
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:  # a JSONL line is named by its line already; a whole file by e.lineno
+        at = f"column {e.colno}" if e.lineno == 1 else f"line {e.lineno} column {e.colno}"
+        raise DataError(f"{where}: invalid JSON ({e.msg} at {at})") from None
+    except ValueError as e:  # e.g. an integer of more than 4,300 digits
+        raise DataError(f"{where}: invalid JSON ({e})") from None
+    except RecursionError:
+        raise DataError(f"{where}: invalid JSON (arrays or objects nested too deeply)") from None
+    return obj
+
+
 def _decode(raw: bytes, where: str, first: bool) -> str:
     """UTF-8 text of a line or file (a byte-order mark at the start of the file is dropped).
 
     Raises:
         DataError: naming ``where`` and the byte offset, with what to do.
     """
+    if first and raw[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        raise DataError(f"{where}: the file is UTF-16 (it starts with a UTF-16 byte-order mark); re-encode it as "
+                        "UTF-8 (e.g. iconv -f utf-16 -t utf-8)")
     try:
         return raw.decode("utf-8-sig" if first else "utf-8")
     except UnicodeDecodeError as e:
@@ -59,8 +84,10 @@ def iter_records(path: str | os.PathLike) -> Iterator[tuple[str, Any]]:
     ``location`` is ``"<file>:<line>"`` for JSONL and ``"<file>[<row>]"`` otherwise.
 
     Raises:
-        DataError: the file is missing, a folder or unreadable, not UTF-8, a line/file is not valid JSON, or a
-            parquet file cannot be read.
+        DataError: the file is missing, a folder or unreadable, not UTF-8 (UTF-16 is named as such), a line/file
+            is not valid JSON, a record holds a lone surrogate code point (a JSON ``\\ud800`` escape without its
+            pair, which no tokenizer can encode; :func:`memagent.data.schema.check_unicode`), or a parquet file
+            cannot be read.
     """
     p = Path(path)
     fmt = _format(p)
@@ -73,21 +100,21 @@ def iter_records(path: str | os.PathLike) -> Iterator[tuple[str, Any]]:
             line = _decode(raw, f"{p}:{lineno}", lineno == 1)
             if not line.strip():
                 continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{p}:{lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
+            obj = _parse_json(line, f"{p}:{lineno}")
+            if _SURROGATE_ESCAPE.search(raw):
+                check_unicode(obj, f"{p}:{lineno}")
             yield f"{p}:{lineno}", obj
     elif fmt == ".json":
-        try:
-            data = json.loads(_decode(_read_bytes(p), str(p), True))
-        except json.JSONDecodeError as e:
-            raise DataError(f"{p}:{e.lineno}: invalid JSON ({e.msg})") from None
+        raw = _read_bytes(p)
+        data = _parse_json(_decode(raw, str(p), True), str(p))
+        escapes = _SURROGATE_ESCAPE.search(raw) is not None
         if isinstance(data, dict) and isinstance(data.get("samples"), list):
             data = data["samples"]
         if not isinstance(data, list):
             raise DataError(f"{p}: expected a JSON list of sample objects, got {type(data).__name__}")
         for i, obj in enumerate(data):
+            if escapes:
+                check_unicode(obj, f"{p}[{i}]")
             yield f"{p}[{i}]", obj
     else:
         import pyarrow as pa
@@ -125,6 +152,92 @@ def read_samples(path: str | os.PathLike, limit: int | None = None) -> list[Samp
         seen[s.id] = where
         out.append(s)
     return out
+
+
+#: Byte-order marks and the codec that reads text starting with each (UTF-32 before UTF-16: FF FE 00 00 is both).
+_BOMS = ((b"\x00\x00\xfe\xff", "utf-32"), (b"\xff\xfe\x00\x00", "utf-32"), (b"\xef\xbb\xbf", "utf-8-sig"),
+         (b"\xfe\xff", "utf-16"), (b"\xff\xfe", "utf-16"))
+#: How much of a file the binary check reads, in bytes, and the share of those bytes that may be control
+#: characters other than the ones text uses (tab, newline, carriage return, form feed, vertical tab,
+#: backspace, escape). Text in any 8-bit encoding has almost none; random bytes have about 10%.
+_BINARY_PROBE_BYTES = 65536
+_BINARY_SHARE = 0.05
+_BINARY_MIN_CONTROLS = 16  # a short text with a stray control character or two is still text
+_BINARY_CONTROLS = re.compile(rb"[\x00-\x07\x0e-\x1a\x1c-\x1f]")
+
+
+def _binary_reason(raw: bytes) -> str | None:
+    """Why ``raw`` (without a byte-order mark) looks like a binary file, or ``None`` when it looks like text:
+    a NUL byte anywhere, or more than 5% (and more than 16) control bytes that text does not use in its first
+    64 KiB. Bytes that
+    are not UTF-8 do not count (text in a legacy 8-bit encoding is full of them)."""
+    nul = raw.find(b"\x00")
+    if nul >= 0:
+        return f"it holds NUL bytes (the first at byte {nul}); UTF-16 or UTF-32 text without a byte-order mark does too"
+    probe = raw[:_BINARY_PROBE_BYTES]
+    odd = len(_BINARY_CONTROLS.findall(probe))
+    if odd > max(_BINARY_MIN_CONTROLS, _BINARY_SHARE * len(probe)):
+        return f"{odd} of its first {len(probe)} bytes are control characters that text does not use"
+    return None
+
+
+def read_document_text(source: str | os.PathLike | bytes, name: str | None = None, allow_binary: bool = False,
+                       warn: Callable[[str], None] | None = None) -> str:
+    """The text of a document file (or of bytes already read, e.g. from stdin), decoded the way its bytes say.
+
+    - A byte-order mark picks the encoding: UTF-8, UTF-16 (LE or BE) or UTF-32 (LE or BE); the mark is not
+      part of the text.
+    - Without one the bytes are UTF-8. Bytes that are not UTF-8 are replaced by U+FFFD, with a warning.
+    - A file that looks binary (:func:`_binary_reason`: NUL bytes, or more than 5% (and 16) control bytes
+      that text does not use in its first 64 KiB) is refused unless ``allow_binary``; then it is read as UTF-8 with
+      replacement, with a warning.
+    - An empty (or all-whitespace) document gives a warning: the answer then comes from no memory at all.
+
+    Args:
+        source: a file path, or the document's bytes.
+        name: how messages name the document (default: the path, or "the document").
+        allow_binary: read a file that looks binary anyway (``--allow-binary`` on the command line).
+        warn: called with each warning's text; default :func:`warnings.warn`.
+
+    Returns:
+        The document text.
+
+    Raises:
+        DataError: the path is not a file or cannot be read, or the file looks binary and ``allow_binary`` is
+            False (naming the file, the reason, and the flag).
+    """
+    import warnings
+
+    warn = warn or (lambda msg: warnings.warn(msg, stacklevel=3))
+    if isinstance(source, bytes):
+        raw, name = source, name or "the document"
+    else:
+        p = Path(source)
+        name = name or str(p)
+        if not p.is_file():
+            raise DataError(f"{name} is not a file; give a text file path or '-' for stdin")
+        try:
+            raw = p.read_bytes()
+        except OSError as e:
+            raise DataError(f"cannot read {name}: {e.strerror or e}") from None
+    codec = next((c for bom, c in _BOMS if raw.startswith(bom)), None)
+    if codec is None:
+        why = _binary_reason(raw)
+        if why is not None:
+            if not allow_binary:
+                raise DataError(f"{name} looks like a binary file, not text ({why}); convert it to text first, or "
+                                "pass --allow-binary to read it as UTF-8 anyway")
+            warn(f"{name} looks binary ({why}); reading it as UTF-8 text, undecodable bytes replaced by U+FFFD")
+        codec = "utf-8"
+    try:
+        text = raw.decode(codec)
+    except UnicodeDecodeError as e:
+        label = "UTF-8" if codec.startswith("utf-8") else f"{codec.upper()} (by its byte-order mark)"
+        warn(f"{name} is not valid {label} ({e.reason} at byte {e.start}); undecodable bytes are replaced by U+FFFD")
+        text = raw.decode(codec, errors="replace")
+    if not text.strip():
+        warn(f"the document ({name}) is empty: the answer comes from no memory at all")
+    return text
 
 
 def samples_from_hf(dataset: Iterable[Any], limit: int | None = None) -> list[Sample]:

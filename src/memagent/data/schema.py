@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -32,6 +33,50 @@ from memagent.errors import DataError
 from memagent.types import Sample
 
 SAMPLE_FIELDS = ("id", "question", "context", "answers", "metadata")
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate(text: str) -> int | None:
+    """Offset (in characters) of the first lone surrogate code point (U+D800-U+DFFF) in ``text``, or ``None``.
+
+    Python strings can hold such code points (JSON's ``"\\ud800"`` escape without its pair decodes to one), but
+    they are not Unicode characters: no UTF-8 encoder, tokenizer or output file accepts them.
+    """
+    m = _LONE_SURROGATE.search(text)
+    return m.start() if m else None
+
+
+def check_unicode(obj: Any, where: str) -> None:
+    """Refuse a record that holds a lone surrogate in any string (values and keys, at any depth).
+
+    Args:
+        obj: a parsed JSON value.
+        where: location for the error message (``file:line``).
+
+    Raises:
+        DataError: naming ``where``, the field, the code point and its character offset, and the fix.
+    """
+    todo: list[tuple[str, Any]] = [("", obj)]
+    while todo:
+        path, value = todo.pop()
+        if isinstance(value, str):
+            at = lone_surrogate(value)
+            if at is not None:
+                field = f"field {path!r}" if path else "the record"
+                raise DataError(
+                    f"{where}: {field} holds a lone surrogate U+{ord(value[at]):04X} at character {at}, which is not "
+                    "a Unicode character (a JSON \\u escape between \\ud800 and \\udfff without its pair); no "
+                    "tokenizer can encode it. Fix or drop that escape (a pair such as \\ud83d\\ude00 is fine)")
+        elif isinstance(value, Mapping):
+            for k, v in value.items():
+                key = str(k)
+                if isinstance(k, str) and lone_surrogate(k) is not None:
+                    todo.append((path, k))
+                todo.append((f"{path}.{key}" if path else key, v))
+        elif isinstance(value, (list, tuple)):
+            todo.extend((f"{path}[{i}]", v) for i, v in enumerate(value))
 
 
 def render_documents(documents: Sequence[str]) -> str:

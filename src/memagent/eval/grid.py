@@ -35,7 +35,8 @@ from typing import Any, Literal
 
 import yaml
 
-from memagent.configtypes import coerce
+from memagent.agent.prompts import BUILTIN_TEMPLATES
+from memagent.configtypes import check_sampling, coerce
 from memagent.errors import ConfigError, closest
 
 MethodKind = Literal["memory_agent", "direct"]
@@ -173,8 +174,7 @@ class EvalConfig:
             raise ConfigError(f"task names must be unique, got {dup[0]!r} twice: a task's rows, data and settings "
                               "are keyed by its name; give each variant its own name (e.g. hotpotqa_tokens with "
                               "files: built by `memagent data hotpotqa --tokens`)")
-        if self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise ConfigError(f"need temperature >= 0 and 0 < top_p <= 1, got {self.temperature}, {self.top_p}")
+        check_sampling(self.temperature, self.top_p)
         if "name" not in self.backend:
             raise ConfigError("backend: give at least {name: llamacpp|openai|hf|scripted}")
 
@@ -196,7 +196,7 @@ class EvalConfig:
                 raise ConfigError(f"{where}: {key} must be a list of mappings (- {{name: ...}}), got {type(d[key]).__name__}")
         methods = []
         for i, m in enumerate(d.get("methods") or []):
-            if isinstance(m, dict) and isinstance(m.get("templates"), str):
+            if isinstance(m, dict) and isinstance(m.get("templates"), str) and m["templates"] not in BUILTIN_TEMPLATES:
                 m = {**m, "templates": _relative_to(m["templates"], base)}
             methods.append(_build(MethodConfig, m, f"{where}: methods[{i}]"))
         methods = tuple(methods)

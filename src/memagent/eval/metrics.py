@@ -5,7 +5,8 @@ Counting rules (stated so numbers can be compared across runs):
 - ``n`` counts every sample of the cell, errors included; an error row scores 0, so ``mean`` is over all
   ``n`` samples and failures lower it instead of vanishing from the denominator. ``mean_ok`` is over the
   ``n - n_error`` successful samples.
-- ``n_empty`` counts successful samples whose extracted answer is empty (RULER reports these too).
+- ``n_empty`` counts successful samples whose extracted answer is empty after RULER's clean-up
+  (:func:`memagent.verifiers.ruler_clean_prediction`; RULER reports these as null predictions).
 - ``stderr`` is the standard error of ``mean``: sample standard deviation (``ddof=1``) / sqrt(n); 0 for n < 2.
 - Rows are keyed by (method, task, length, sample id); if a key appears twice (an error row re-run with
   ``--retry-errors``), the last row wins.
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from memagent.errors import DataError
+from memagent.verifiers import ruler_clean_prediction
 
 
 @dataclass(frozen=True)
@@ -147,7 +149,7 @@ def summarize(rows: Iterable[dict[str, Any]]) -> list[CellSummary]:
                 metric=rs[0].get("metric", ""),
                 n=len(rs),
                 n_error=len(rs) - len(ok),
-                n_empty=sum(1 for r in ok if not (r.get("answer") or "").strip()),
+                n_empty=sum(1 for r in ok if not ruler_clean_prediction(r.get("answer"))),
                 mean=sum(scores) / len(scores),
                 stderr=_stderr(scores),
                 mean_ok=sum(float(r["score"]) for r in ok) / len(ok) if ok else 0.0,

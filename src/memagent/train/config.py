@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import yaml
 
-from memagent.configtypes import coerce
+from memagent.configtypes import coerce, finite_number
 from memagent.errors import ConfigError, closest
 from memagent.rl.kl import KL_TYPES
 from memagent.rl.losses import AGG_MODES
@@ -178,6 +178,8 @@ class TrainConfig:
 
     def __post_init__(self):
         rl, o, r = self.rl, self.optim, self.run
+        for key in ("temperature", "top_p", "val_temperature", "val_top_p"):  # NaN passes any range check below
+            finite_number(getattr(self.agent, key), f"agent.{key}")
         checks = [
             (rl.group_size >= 1, "rl.group_size must be >= 1"),
             (rl.prompts_per_step >= 1, "rl.prompts_per_step must be >= 1"),

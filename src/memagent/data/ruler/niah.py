@@ -95,6 +95,7 @@ def build_niah(
     seed: int = 42,
     haystack: str | None = None,
     data_root: str | None = None,
+    start_word: int = 0,
 ) -> Sample:
     """One NIAH sample whose RULER input fits ``length - 128`` tokens.
 
@@ -106,6 +107,8 @@ def build_niah(
         seed: base seed.
         haystack: replace an ``essay`` haystack by ``gutenberg`` (prose tasks only).
         data_root: explicit data root for the essays.
+        start_word: prose haystacks: begin at this word of the text instead of its first (training data draws it
+            at random, :mod:`memagent.data.ruler.train`; evaluation keeps RULER's 0); wraps around the text.
 
     Raises:
         DataError: unknown task, or the length is too small for the needles.
@@ -129,13 +132,21 @@ def build_niah(
     if kind in ("essay", "gutenberg"):
         costs = prose_costs(kind, tokenizer, data_root)
         depths = sorted(rng.sample(DEPTHS, len(needles)))
+        start = start_word % len(costs.words)
+        words = costs.words[start:] + costs.words[:start] if start else costs.words
+        base = float(costs.prefix_tokens[start])
 
         def build(n: int):
-            sents = split_sentences(" ".join(costs.words[:n]))
+            sents = split_sentences(" ".join(words[:n]))
             ctx = " ".join(insert_at_fractions(sents, needles, [d / 100 for d in depths]))
             return ctx, f"{pre}\n{ctx}\n{qline}"
 
-        fitted = fit_length(build, lambda n: float(costs.prefix_tokens[min(n, len(costs.words))]), len(costs.words), budget, tokenizer)
+        def estimate(n: int) -> float:  # tokens of words[:n], from the whole text's prefix sums (wrapping once)
+            end = start + min(n, len(words))
+            total = float(costs.prefix_tokens[-1])
+            return (float(costs.prefix_tokens[end]) if end <= len(words) else total + float(costs.prefix_tokens[end - len(words)])) - base
+
+        fitted = fit_length(build, estimate, len(words), budget, tokenizer)
     else:
         fractions = [rng.random() for _ in needles]
         if kind == "noise":

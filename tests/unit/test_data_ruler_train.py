@@ -1,0 +1,65 @@
+"""The RULER-family training-data builder: fresh draws, another haystack, random starts, exact lengths."""
+
+from __future__ import annotations
+
+import pytest
+
+from memagent.data.ruler import build_ruler_sample
+from memagent.data.ruler.common import haystack_text
+from memagent.data.ruler.niah import build_niah
+from memagent.data.ruler.train import build_training_set
+from memagent.errors import DataError
+
+
+def test_start_word_zero_is_the_evaluation_sample(gguf_tokenizer, data_root):
+    a = build_ruler_sample("niah_single_2", 1024, 0, gguf_tokenizer, seed=42, data_root=str(data_root))
+    b = build_niah("niah_single_2", 1024, 0, gguf_tokenizer, seed=42, data_root=str(data_root), start_word=0)
+    assert a == b and a.context == b.context and a.answers == b.answers
+
+
+def test_start_word_moves_the_haystack_and_keeps_the_length(gguf_tokenizer, data_root):
+    words = haystack_text("gutenberg", str(data_root)).split(" ")
+    start = 123_456
+    s = build_niah("niah_single_2", 1024, 0, gguf_tokenizer, seed=1, haystack="gutenberg",
+                   data_root=str(data_root), start_word=start)
+    assert s.context.startswith(" ".join(words[start:start + 5]))
+    assert s.metadata["length_tokens"] <= 1024 - 128
+    assert s.metadata["length_tokens"] >= 1024 - 128 - 20  # fitted within the builder's tolerance
+    # the needle is in the context, the gold value in the needle
+    assert f"is: {s.answers[0]}." in s.context
+    # a start near the end wraps around to the text's beginning
+    w = build_niah("niah_single_2", 1024, 0, gguf_tokenizer, seed=1, haystack="gutenberg",
+                   data_root=str(data_root), start_word=len(words) - 10)
+    assert w.context.startswith(" ".join(words[-10:-5])) and words[0] in w.context
+
+
+def test_training_set_is_fresh_mixed_and_deterministic(gguf_tokenizer, data_root):
+    train = build_training_set(["niah_single_2", "niah_multikey_1", "vt"], [1024, 1536], 6, gguf_tokenizer,
+                               seed=1, data_root=str(data_root))
+    assert [s.metadata["task"] for s in train] == ["niah_single_2", "niah_multikey_1", "vt"] * 2
+    assert all(s.id.startswith("train-") and s.metadata["split"] == "train" for s in train)
+    assert {s.metadata["target_tokens"] for s in train} <= {1024, 1536}
+    for s in train:
+        budget = s.metadata["target_tokens"] - s.metadata["tokens_to_generate"]
+        assert budget - 20 <= s.metadata["length_tokens"] <= budget
+    essays = haystack_text("essay", str(data_root))
+    for s in train[:2] + train[3:5]:  # niah: Gutenberg prose from a random start, never the essays
+        assert s.metadata["haystack"] == "gutenberg" and s.metadata["start_word"] is not None
+        assert s.context[:200] not in essays
+    assert train[2].metadata["start_word"] is None  # vt keeps its noise haystack
+    again = build_training_set(["niah_single_2", "niah_multikey_1", "vt"], [1024, 1536], 6, gguf_tokenizer,
+                               seed=1, data_root=str(data_root))
+    assert [s.context for s in again] == [s.context for s in train]
+    other = build_training_set(["niah_single_2"], [1024], 1, gguf_tokenizer, seed=2, data_root=str(data_root))
+    assert other[0].answers != train[0].answers
+    evaluation = build_ruler_sample("niah_single_2", 1024, 0, gguf_tokenizer, seed=42, data_root=str(data_root))
+    assert evaluation.context != train[0].context
+
+
+def test_training_set_refuses_other_tasks(gguf_tokenizer):
+    with pytest.raises(DataError, match="qa_1"):
+        build_training_set(["qa_1"], [1024], 1, gguf_tokenizer)
+    with pytest.raises(DataError, match="not RULER task names"):
+        build_training_set(["niah_singel_2"], [1024], 1, gguf_tokenizer)
+    with pytest.raises(DataError, match="at least one"):
+        build_training_set(["vt"], [], 1, gguf_tokenizer)
