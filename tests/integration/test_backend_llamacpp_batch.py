@@ -107,33 +107,18 @@ def test_a_request_that_overflows_fails_alone(backends):
     assert bad.finish_reason == "error" and "per-sequence window of 1024 tokens" in bad.error
 
 
-def _random_adapter(path, gguf_path, seed=0):
-    """A random LoRA (rank 4) on SmolLM2's q, v and down projections, written as a llama.cpp adapter."""
-    from memagent.export.gguf_lora import LlamaShape, LoraScaling, write_lora_gguf
-
-    rng = np.random.default_rng(seed)
-    dims = {"self_attn.q_proj": (576, 576), "self_attn.v_proj": (576, 192), "mlp.down_proj": (1536, 576)}
-    sd = {}
-    for layer in range(30):
-        for mod, (fan_in, fan_out) in dims.items():
-            key = f"base_model.model.model.layers.{layer}.{mod}"
-            sd[f"{key}.lora_A.weight"] = rng.standard_normal((4, fan_in)).astype(np.float32) * 0.05
-            sd[f"{key}.lora_B.weight"] = rng.standard_normal((fan_out, 4)).astype(np.float32) * 0.05
-    return write_lora_gguf(sd, path, LlamaShape(30, 9, 3), LoraScaling(r=4, lora_alpha=8.0))
-
-
-def test_pushed_adapter_changes_outputs_the_same_way_on_both_backends(backends, gguf_path, tmp_path):
+def test_pushed_adapter_changes_outputs_the_same_way_on_both_backends(backends, make_smollm2_lora, tmp_path):
     single, batched = backends
     reqs = _requests(0.0, n=2)
     base = [c.token_ids for c in batched.generate(reqs)]
-    adapter = _random_adapter(tmp_path / "a.gguf", gguf_path)
+    adapter = make_smollm2_lora(tmp_path / "a.gguf")
     try:
         batched.load_adapter(adapter)
         single.load_adapter(adapter)
         adapted = [c.token_ids for c in batched.generate(reqs)]
         assert adapted != base
         assert adapted == [c.token_ids for c in single.generate(reqs)]
-        batched.load_adapter(_random_adapter(tmp_path / "b.gguf", gguf_path, seed=1))  # replaces the first
+        batched.load_adapter(make_smollm2_lora(tmp_path / "b.gguf", seed=1))  # replaces the first
         assert [c.token_ids for c in batched.generate(reqs)] not in (base, adapted)
     finally:
         batched.clear_adapter()

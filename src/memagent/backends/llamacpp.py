@@ -46,16 +46,19 @@ class LlamaCppBackend:
             identical sampled requests still differ.
         verbose: let llama.cpp print its logs to stderr.
         chat_template: a Jinja2 chat template overriding the GGUF's ``tokenizer.chat_template``.
+        lora_path: a llama.cpp LoRA adapter GGUF made for this model (e.g. from ``memagent export --format
+            lora-gguf``), applied to every request (:meth:`load_adapter`); default none.
 
     Attributes:
-        name: ``"llamacpp:<GGUF file name>"``.
+        name: ``"llamacpp:<GGUF file name>"``, with ``"+lora:<adapter file name>"`` when ``lora_path`` is given.
         context_tokens: ``n_ctx``.
         tokenizer: a :class:`~memagent.tokenization.LlamaCppTokenizer` over the same model.
         batched: True (one ``generate`` call takes a whole batch; requests run sequentially inside).
 
     Raises:
         ConfigError: llama-cpp-python is missing, the GGUF file does not exist, a setting is out of range,
-            or the model has no chat template and none was given.
+            the model has no chat template and none was given, or ``lora_path`` is missing or not a LoRA
+            adapter of this model.
 
     Not thread-safe: one backend serves one caller at a time.
     """
@@ -71,6 +74,7 @@ class LlamaCppBackend:
         seed: int = 0,
         verbose: bool = False,
         chat_template: str | None = None,
+        lora_path: str | os.PathLike | None = None,
     ):
         try:
             from llama_cpp import Llama, llama_vocab_is_eog
@@ -122,6 +126,18 @@ class LlamaCppBackend:
         self._rng = random.Random(seed)
         self._closed = False
         self._adapter = None  # the llama_adapter_lora_p in use, if any
+        self._open_lora(lora_path)
+
+    def _open_lora(self, lora_path: str | os.PathLike | None) -> None:
+        """Apply the constructor's ``lora_path`` (closing the model if it cannot be loaded)."""
+        if lora_path is None:
+            return
+        try:
+            self.load_adapter(lora_path)
+        except Exception:
+            self.close()
+            raise
+        self.name += f"+lora:{os.path.basename(os.fspath(lora_path))}"
 
     def _own_context_tokens(self, n_ctx: int) -> int:
         """Size of the ``Llama`` object's own context: the one requests run in."""

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from memagent.backends.base import check_request
 from memagent.backends.llamacpp import LlamaCppBackend, _error
 from memagent.backends.llamacpp_engine import BatchEngine, Job
+from memagent.backends.sampling import engine_options
 from memagent.errors import ConfigError, ContextOverflow
 from memagent.types import Completion, Request, Usage
 
@@ -45,6 +46,7 @@ class BatchedLlamaCppBackend(LlamaCppBackend):
         keep_stop_token: end ``token_ids`` (and ``token_logprobs``) with the stop token when the model emitted
             one, as :class:`~memagent.backends.hf.HFBackend` does (training rows should, so the policy learns
             to stop); ``False`` drops it, as :class:`LlamaCppBackend` does. ``text`` never contains it.
+        lora_path: a llama.cpp LoRA adapter GGUF applied to every request, as for :class:`LlamaCppBackend`.
 
     Attributes:
         stats: prompt tokens evaluated / shared and tokens generated since the backend was made.
@@ -67,6 +69,7 @@ class BatchedLlamaCppBackend(LlamaCppBackend):
         flash_attn: bool = False,
         min_shared_tokens: int = 32,
         keep_stop_token: bool = False,
+        lora_path: str | os.PathLike | None = None,
     ):
         if n_parallel < 1:
             raise ConfigError(f"n_parallel must be >= 1 sequence, got {n_parallel}")
@@ -83,6 +86,7 @@ class BatchedLlamaCppBackend(LlamaCppBackend):
         self.name = f"llamacpp-batch:{os.path.basename(self.model_path)}"
         self.keep_stop_token = keep_stop_token
         self.n_parallel = n_parallel
+        self._open_lora(lora_path)
 
     def _own_context_tokens(self, n_ctx: int) -> int:
         return 64  # the Llama object serves the vocabulary only; requests run in the engine's context
@@ -110,6 +114,7 @@ class BatchedLlamaCppBackend(LlamaCppBackend):
             raise ConfigError(f"{self.name} is closed; create a new backend")
         for r in requests:
             check_request(r)
+            engine_options(r, "llamacpp-batch")  # no extra sampling settings: refused before any request runs
         start = time.perf_counter()
         out: list[Completion | None] = [None] * len(requests)
         jobs, where, prompts = [], [], []
