@@ -38,6 +38,13 @@ class Batch:
     response_mask: torch.Tensor
 
 
+def decoder(model: nn.Module) -> nn.Module:
+    """The decoder stack of a causal LM (``base_model``, returning hidden states), also through a peft wrapper
+    (whose own ``base_model`` is the tuner around the whole LM)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return inner.base_model
+
+
 def pad_rows(rows: Sequence[Row], pad_id: int) -> Batch:
     """Right-pad rows into a :class:`Batch`.
 
@@ -107,7 +114,7 @@ class TokenLogProbs(nn.Module):
             ``(logp (B, T-1), entropy (B, T-1) or None)`` in float32, on the model's device (the inputs are
             moved there).
         """
-        base = self.model.base_model
+        base = decoder(self.model)
         device = self.model.get_input_embeddings().weight.device
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
         if target_mask is not None:
