@@ -42,6 +42,13 @@ class Batch:
     response_mask: torch.Tensor
 
 
+def decoder(model: nn.Module) -> nn.Module:
+    """The decoder stack of a causal LM (``base_model``, returning hidden states), also through a peft wrapper
+    (whose own ``base_model`` is the tuner around the whole LM)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return inner.base_model
+
+
 def pad_rows(rows: Sequence[Row], pad_id: int) -> Batch:
     """Right-pad rows into a :class:`Batch`.
 

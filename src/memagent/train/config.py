@@ -188,8 +188,10 @@ class RunConfig:
             processes wait at a barrier while rank 0 validates and writes checkpoints, which for a large model
             takes longer than torch's defaults (10 minutes with NCCL, 30 with gloo).
         rollout_engine: what generates rollouts and validation answers: ``hf`` (transformers ``generate`` on
-            the policy module itself) or ``vllm`` (an in-process vLLM engine per process, loaded from the
-            policy's weights at start and after every step; needs the ``vllm`` package).
+            the policy module itself), ``vllm`` (an in-process vLLM engine per process, loaded from the
+            policy's weights at start and after every step; needs the ``vllm`` package) or ``llamacpp`` (batched
+            llama.cpp on an F16 copy of the base GGUF with the LoRA adapter pushed after every step; LoRA
+            training with a GGUF base only, e.g. ``model.path: smollm2``; the fast engine on CPU).
         vllm_gpu_memory_utilization: with ``rollout_engine=vllm``, the fraction of accelerator memory the
             engine may take (weights + KV cache); the rest is left to training.
     """
@@ -207,7 +209,7 @@ class RunConfig:
     torch_threads: int | None = None
     distributed: Literal["ddp", "fsdp"] = "ddp"
     dist_timeout_s: int = 7200
-    rollout_engine: Literal["hf", "vllm"] = "hf"
+    rollout_engine: Literal["hf", "vllm", "llamacpp"] = "hf"
     vllm_gpu_memory_utilization: float = 0.3
 
 
