@@ -10,7 +10,8 @@ Layers, lowest first (a module may import from its own layer and the ones below,
 3. ``data``, ``runfiles``;
 4. ``agent``;
 5. ``eval``;
-6. ``train``;
+6. ``train``, ``export`` (a run's trained policy as standard model files; training pushes LoRA GGUFs to its
+   llama.cpp rollout engine);
 7. the command line: ``cli``, ``options``, ``__main__`` and every package's ``cli`` module; and the package's own
    ``__init__`` (its public names, gathered from every layer).
 
@@ -39,7 +40,7 @@ LAYERS = {
     "data": 3, "runfiles": 3,
     "agent": 4,
     "eval": 5,
-    "train": 6,
+    "train": 6, "export": 6,
     "cli": 7, "options": 7, "__main__": 7,
 }
 

@@ -66,3 +66,38 @@ def tiny():
 
     tok = make_tiny_tokenizer()
     return make_tiny_model(tok, seed=0), tok
+
+
+def write_random_smollm2_lora(path, seed: int = 0, scale: float = 0.05) -> str:
+    """A random rank-4 LoRA on SmolLM2-135M's q, v and down projections, as a llama.cpp adapter GGUF.
+
+    Args:
+        path: where to write it.
+        seed: numpy seed of the A and B matrices.
+        scale: standard deviation of their entries (0.05 changes greedy answers; 0 is a no-op adapter).
+    """
+    import numpy as np
+
+    from memagent.export.gguf_lora import LlamaShape, LoraScaling, write_lora_gguf
+
+    rng = np.random.default_rng(seed)
+    dims = {"self_attn.q_proj": (576, 576), "self_attn.v_proj": (576, 192), "mlp.down_proj": (1536, 576)}
+    sd = {}
+    for layer in range(30):
+        for mod, (fan_in, fan_out) in dims.items():
+            key = f"base_model.model.model.layers.{layer}.{mod}"
+            sd[f"{key}.lora_A.weight"] = rng.standard_normal((4, fan_in)).astype(np.float32) * scale
+            sd[f"{key}.lora_B.weight"] = rng.standard_normal((fan_out, 4)).astype(np.float32) * scale
+    return str(write_lora_gguf(sd, path, LlamaShape(30, 9, 3), LoraScaling(r=4, lora_alpha=8.0)))
+
+
+@pytest.fixture(scope="session")
+def make_smollm2_lora():
+    """:func:`write_random_smollm2_lora`, for tests that need several adapters."""
+    return write_random_smollm2_lora
+
+
+@pytest.fixture(scope="session")
+def smollm2_lora(gguf_path, tmp_path_factory) -> str:
+    """A random LoRA adapter GGUF for the embedded SmolLM2 (see :func:`write_random_smollm2_lora`)."""
+    return write_random_smollm2_lora(tmp_path_factory.mktemp("lora") / "random.gguf")

@@ -1,4 +1,4 @@
-"""The `memagent` command line: run | demo | data | eval | report | train | ls.
+"""The `memagent` command line: run | demo | data | eval | report | train | export | ls.
 
 Thin: every command parses options, builds objects from the library and calls it. Heavy imports (torch,
 llama.cpp) happen inside the commands that need them.
@@ -332,12 +332,14 @@ def _mount_subcommands() -> None:
     dependencies inside the command, so `memagent run` never pays for torch)."""
     from memagent.data.cli import app as data_app
     from memagent.eval.cli import eval_command, report_command
+    from memagent.export.cli import export_command
     from memagent.train.cli import train_command
 
     app.add_typer(data_app, name="data", help="Build benchmark data (RULER-HotpotQA, RULER tasks).")
     app.command("eval")(eval_command)
     app.command("report")(report_command)
     app.command("train", context_settings={"allow_extra_args": True})(train_command)
+    app.command("export")(export_command)
 
 
 _mount_subcommands()

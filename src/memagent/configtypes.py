@@ -210,16 +210,17 @@ def split_flat(cls: type, data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def build_flat(cls: type, data: dict[str, Any], where: Callable[[str], str]) -> Any:
+def build_flat(cls: type, data: dict[str, Any], where: Callable[[str], str], given: dict[str, Any] | None = None) -> Any:
     """Build ``cls`` from a flat mapping whose keys are already checked: values coerced to their annotated
-    types (errors name ``where(key)``), flat-embedded settings built over the field's default instance.
+    types (errors name ``where(key)``), flat-embedded settings built over the field's default instance;
+    ``given`` holds fields already built (nested sections such as ``model.lora``), passed as they are.
 
     Raises:
         ConfigError: a value of the wrong type, or a failed check of a settings class.
     """
     hints = typing.get_type_hints(cls)
     grouped = split_flat(cls, data)
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = dict(given or {})
     for f in dataclasses.fields(cls):
         if f.name not in grouped:
             continue

@@ -130,6 +130,9 @@ class Completion:
         usage: prompt/completion token counts as reported by the backend.
         seconds: wall time of the call (for a batched call, the batch's time shared out evenly).
         error: the error message when ``finish_reason == "error"``.
+        token_logprobs: ``(T_resp,)`` log-probability of each of ``token_ids`` under ``softmax(logits / T)`` at
+            the request's temperature (``T = 1`` for greedy requests), before top-p truncation, when the backend
+            computes them (the batched llama.cpp backend does); ``None`` otherwise.
     """
 
     text: str
@@ -139,6 +142,7 @@ class Completion:
     prompt_token_ids: tuple[int, ...] | None = None
     seconds: float = 0.0
     error: str | None = None
+    token_logprobs: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -159,6 +163,8 @@ class Turn:
             chunk covers (one range; two where it spans the center-truncation cut); ``None`` for the final turn.
         prompt_token_ids, response_token_ids: exact ids when the backend exposes them (used by training;
             not written to trace files).
+        response_token_logprobs: ``(T_resp,)`` sampling log-probabilities of ``response_token_ids`` when the
+            backend returns them (``Completion.token_logprobs``); not written to trace files.
     """
 
     kind: TurnKind
@@ -173,11 +179,13 @@ class Turn:
     context_chars: tuple[tuple[int, int], ...] | None = None
     prompt_token_ids: tuple[int, ...] | None = field(default=None, repr=False)
     response_token_ids: tuple[int, ...] | None = field(default=None, repr=False)
+    response_token_logprobs: tuple[float, ...] | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d.pop("prompt_token_ids")
         d.pop("response_token_ids")
+        d.pop("response_token_logprobs")
         return d
 
 

@@ -279,6 +279,20 @@ def test_prune_trace_keeps_whole_turns_of_kept_samples_only(tmp_path):
     assert sorted(x.name for x in tmp_path.iterdir()) == ["trace.jsonl"]  # no temporary file left
 
 
+def test_sampling_logprobs_reach_the_turns_but_not_the_trace():
+    import dataclasses
+
+    class WithLogprobs(ScriptedBackend):
+        def generate(self, requests):
+            return [dataclasses.replace(c, token_logprobs=(-0.5, -1.25)) for c in super().generate(requests)]
+
+    traj = _agent(WithLogprobs(replies=["note", "\\boxed{1}"])).answer("q", "abc", sample_id="s")
+    assert [t.response_token_logprobs for t in traj.turns] == [(-0.5, -1.25), (-0.5, -1.25)]
+    assert "response_token_logprobs" not in traj.turns[0].to_dict()
+    # backends without log-probabilities leave the field None
+    assert _agent(ScriptedBackend(replies=["n", "a"])).answer("q", "abc").turns[0].response_token_logprobs is None
+
+
 def test_cjk_text_at_tiny_chunk_sizes_sends_no_empty_section():
     """At chunk_tokens 1-2 on CJK text (3 byte tokens per character) 74 of 172 update calls got an empty
     section before chunks were kept non-empty (issue 17, item 10)."""

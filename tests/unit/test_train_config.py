@@ -103,24 +103,42 @@ def test_docs_list_every_option_with_its_default():
 
     import yaml
 
-    from memagent.configtypes import coerce
+    from memagent.configtypes import coerce, flat_dict
     from memagent.train.config import TrainConfig
 
     text = pathlib.Path("docs/training.md").read_text(encoding="utf-8").split("## Every option", 1)[1]
-    documented = dict(re.findall(r"^\| `([a-z_]+\.[a-z_]+)` \| `([^`]*)` \|", text, flags=re.M))
-    from memagent.configtypes import flat_dict
+    documented = dict(re.findall(r"^\| `([a-z_]+(?:\.[a-z_]+)+)` \| `([^`]*)` \|", text, flags=re.M))
+    hints, want = {}, {}
 
-    cfg, hints = TrainConfig(), {}
-    want = {}
-    for sec in dataclasses.fields(cfg):
-        part = getattr(cfg, sec.name)
-        types = {}
-        for f in dataclasses.fields(part):  # flat-embedded settings (agent, loss) sit at the section's level
-            inner = getattr(part, f.name)
-            types.update(typing.get_type_hints(type(inner)) if f.metadata.get("flat") else {f.name: typing.get_type_hints(type(part))[f.name]})
-        for key, value in flat_dict(part).items():
-            want[f"{sec.name}.{key}"] = tuple(value) if isinstance(value, list) else value
-            hints[f"{sec.name}.{key}"] = types[key]
+    def walk(part, prefix):  # flat-embedded settings (agent, loss) sit at their section's level; nested
+        types = typing.get_type_hints(type(part))  # sections (model.lora) become dotted keys
+        for f in dataclasses.fields(part):
+            value = getattr(part, f.name)
+            if f.metadata.get("flat"):
+                inner = typing.get_type_hints(type(value))
+                for key, v in flat_dict(value).items():
+                    if key not in f.metadata["exclude"]:
+                        want[prefix + key] = tuple(v) if isinstance(v, list) else v
+                        hints[prefix + key] = inner[key]
+            elif dataclasses.is_dataclass(value):
+                walk(value, f"{prefix}{f.name}.")
+            else:
+                want[prefix + f.name], hints[prefix + f.name] = value, types[f.name]
+
+    walk(TrainConfig(), "")
     assert sorted(documented) == sorted(want)
     for key, raw in documented.items():
         assert coerce(yaml.safe_load(raw), hints[key], key) == want[key], key
+
+
+def test_a_checkpoint_config_without_newer_settings_compares_as_their_defaults():
+    from memagent.train.checkpoint import config_changes
+    from memagent.train.config import config_to_dict
+
+    now = config_to_dict(load_config(None, ["optim.lr=1e-5"]))
+    old = {k: dict(v) for k, v in now.items()}
+    del old["model"]["lora"]  # written before model.lora existed: a full fine-tuning run
+    del old["rl"]["shared_prefix"]
+    assert config_changes(old, now) == []
+    lora = config_to_dict(load_config(None, ["optim.lr=1e-5", "model.lora.enabled=true", "model.lora.rank=4"]))
+    assert config_changes(old, lora) == [("model.lora.enabled", False, True), ("model.lora.rank", 8, 4)]

@@ -203,6 +203,7 @@ class MemoryAgent:
             context_chars=source_ranges(st.kept, chunk.start_char, chunk.end_char) if chunk is not None else None,
             prompt_token_ids=comp.prompt_token_ids,
             response_token_ids=comp.token_ids,
+            response_token_logprobs=comp.token_logprobs,
         )
         st.turns.append(turn)
         s = st.sample

@@ -26,6 +26,12 @@ def _llamacpp():
     return LlamaCppBackend
 
 
+def _llamacpp_batch():
+    from memagent.backends.llamacpp_batch import BatchedLlamaCppBackend
+
+    return BatchedLlamaCppBackend
+
+
 def _openai():
     from memagent.backends.openai_compat import OpenAIBackend
 
@@ -46,6 +52,7 @@ def _vllm():
 
 BACKENDS.register_lazy("scripted", _scripted)
 BACKENDS.register_lazy("llamacpp", _llamacpp)
+BACKENDS.register_lazy("llamacpp-batch", _llamacpp_batch)
 BACKENDS.register_lazy("openai", _openai)
 BACKENDS.register_lazy("hf", _hf)
 BACKENDS.register_lazy("vllm", _vllm)

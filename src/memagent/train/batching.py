@@ -20,6 +20,10 @@ import torch
 from torch import nn
 
 from memagent.errors import ConfigError
+from memagent.train.precision import adapter_casts_off, compute_autocast, full_precision
+from memagent.train.prefix import (  # noqa: F401 - micro_batches re-exported
+    PrefixGroup, check_sharing, micro_batches, plan_micro_batches, shared_prefix_hidden,
+)
 from memagent.train.rollout import Row
 
 
@@ -36,6 +40,13 @@ class Batch:
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     response_mask: torch.Tensor
+
+
+def decoder(model: nn.Module) -> nn.Module:
+    """The decoder stack of a causal LM (``base_model``, returning hidden states), also through a peft wrapper
+    (whose own ``base_model`` is the tuner around the whole LM)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return inner.base_model
 
 
 def pad_rows(rows: Sequence[Row], pad_id: int) -> Batch:
@@ -74,19 +85,24 @@ class TokenLogProbs(nn.Module):
         temperature: the rollouts' sampling temperature; logits are divided by it, so the log-probabilities
             (and entropy) are those of the distribution the response tokens were drawn from (as verl does for
             the actor and the reference model). ``top_p`` truncation is not reflected, as in verl.
+        compute_dtype: ``"bfloat16"`` runs the decoder and the output projection under autocast
+            (:mod:`memagent.train.precision`); the log-softmax and the returned values stay float32.
 
     Raises:
-        ConfigError: ``temperature <= 0``.
+        ConfigError: ``temperature <= 0`` or an unknown ``compute_dtype``.
     """
 
-    def __init__(self, model: nn.Module, chunk_tokens: int = 512, checkpoint: bool = True, temperature: float = 1.0):
+    def __init__(self, model: nn.Module, chunk_tokens: int = 512, checkpoint: bool = True, temperature: float = 1.0,
+                 compute_dtype: str = "float32"):
         super().__init__()
         if not temperature > 0:
             raise ConfigError(f"log-probabilities need a sampling temperature > 0, got {temperature}")
+        compute_autocast(compute_dtype)  # checks the name
         self.model = model
         self.chunk_tokens = max(1, int(chunk_tokens))
         self.checkpoint = checkpoint
         self.temperature = float(temperature)
+        self.compute_dtype = compute_dtype
 
     def forward(
         self,
@@ -94,6 +110,7 @@ class TokenLogProbs(nn.Module):
         attention_mask: torch.Tensor,
         with_entropy: bool = False,
         target_mask: torch.Tensor | None = None,
+        groups: Sequence[PrefixGroup] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-token log-probabilities of ``input_ids[:, 1:]``.
 
@@ -102,17 +119,26 @@ class TokenLogProbs(nn.Module):
             with_entropy: also return the policy entropy at each position (nats).
             target_mask: ``(B, T-1)``; when given, logits are computed only where it is nonzero (the response
                 tokens), which saves most of the vocabulary projection for long prompts; other positions are 0.
+            groups: shared-prefix groups covering the rows (:func:`memagent.train.prefix.shared_prefix_hidden`):
+                each group's common prefix is computed once; the result is the same.
 
         Returns:
             ``(logp (B, T-1), entropy (B, T-1) or None)`` in float32, on the model's device (the inputs are
             moved there).
         """
-        base = self.model.base_model
+        base = decoder(self.model)
         device = self.model.get_input_embeddings().weight.device
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
         if target_mask is not None:
             target_mask = target_mask.to(device)
-        hidden = base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        with compute_autocast(self.compute_dtype, device), adapter_casts_off(self.model, self.compute_dtype != "float32"):
+            return self._logprobs(base, input_ids, attention_mask, with_entropy, target_mask, groups)
+
+    def _logprobs(self, base, input_ids, attention_mask, with_entropy, target_mask, groups):
+        if groups is not None:
+            hidden = shared_prefix_hidden(base, input_ids, attention_mask, groups)
+        else:
+            hidden = base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
         h, targets = hidden[:, :-1], input_ids[:, 1:]
         if target_mask is None:
             sel = torch.ones(targets.shape, dtype=torch.bool, device=targets.device)
@@ -140,44 +166,23 @@ class TokenLogProbs(nn.Module):
         return logp, ent
 
 
+def decoder(model: nn.Module) -> nn.Module:
+    """The decoder stack of a causal LM (``base_model``, returning hidden states), also through a peft wrapper
+    (whose own ``base_model`` is the tuner around the whole LM)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return inner.base_model
+
+
 def _slice_logprobs(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, with_entropy: bool,
                     temperature: float = 1.0):
-    logits = head(hidden).float()
-    logsm = torch.log_softmax(logits / temperature if temperature != 1.0 else logits, dim=-1)
-    lp = logsm.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    if not with_entropy:
-        return lp, lp.new_zeros(lp.shape)
-    return lp, -(logsm.exp() * logsm).sum(-1)
-
-
-def micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """Group consecutive rows so that each group's padded size (rows x longest row) stays within
-    ``max_tokens``; a row longer than the budget forms a group of its own.
-
-    Args:
-        lengths: tokens of each row (prompt + response).
-        max_tokens: padded-token budget per micro-batch.
-
-    Returns:
-        lists of row indices, covering ``range(len(lengths))`` in order.
-
-    Raises:
-        ConfigError: ``max_tokens < 1``.
-    """
-    if max_tokens < 1:
-        raise ConfigError(f"micro-batch token budget must be >= 1, got {max_tokens}")
-    groups: list[list[int]] = []
-    cur: list[int] = []
-    longest = 0
-    for i, n in enumerate(lengths):
-        if cur and (len(cur) + 1) * max(longest, n) > max_tokens:
-            groups.append(cur)
-            cur, longest = [], 0
-        cur.append(i)
-        longest = max(longest, n)
-    if cur:
-        groups.append(cur)
-    return groups
+    logits = head(hidden)
+    with full_precision(logits.device):  # the vocabulary softmax in float32 even under bfloat16 autocast
+        logits = logits.float()
+        logsm = torch.log_softmax(logits / temperature if temperature != 1.0 else logits, dim=-1)
+        lp = logsm.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        if not with_entropy:
+            return lp, lp.new_zeros(lp.shape)
+        return lp, -(logsm.exp() * logsm).sum(-1)
 
 
 def split_trajectories(traj_of_row: Sequence[int], num_parts: int) -> list[list[int]]:
@@ -201,7 +206,7 @@ def split_trajectories(traj_of_row: Sequence[int], num_parts: int) -> list[list[
 @torch.no_grad()
 def row_logprobs(
     scorer: TokenLogProbs, rows: Sequence[Row], pad_id: int, max_tokens: int, with_entropy: bool = False,
-    equal_forwards: Callable[[int], int] | None = None,
+    equal_forwards: Callable[[int], int] | None = None, min_shared_tokens: int | None = None,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
     """Log-probabilities (and entropy) of every row's response tokens, without gradient.
 
@@ -214,27 +219,32 @@ def row_logprobs(
         equal_forwards: under FSDP every process must run the same number of forwards (each one all-gathers
             the parameters): maps this process's micro-batch count to the count all processes run (their
             maximum); the missing ones are forwards on a 2-token dummy row whose output is dropped.
+        min_shared_tokens: compute prompt prefixes shared by rows once (:mod:`memagent.train.prefix`), when at
+            least this long; ``None``: no sharing.
 
     Returns:
         per row, a ``(T_resp,)`` float32 CPU tensor aligned with ``row.response_ids``; entropies likewise
         when ``with_entropy``.
     """
+    check_sharing(min_shared_tokens, equal_forwards)
     out: list[torch.Tensor] = [torch.empty(0)] * len(rows)
     ents: list[torch.Tensor] = [torch.empty(0)] * len(rows)
-    groups = micro_batches([r.num_tokens for r in rows], max_tokens)
-    total = equal_forwards(len(groups)) if equal_forwards is not None else len(groups)
+    plan = plan_micro_batches([r.prompt_ids for r in rows], [r.num_tokens for r in rows], max_tokens, min_shared_tokens)
+    total = equal_forwards(len(plan)) if equal_forwards is not None else len(plan)
     was_training = scorer.training
     scorer.eval()
     try:
-        for group in groups:
+        for mb in plan:
+            group = mb.rows
             batch = pad_rows([rows[i] for i in group], pad_id)
-            logp, ent = scorer(batch.input_ids, batch.attention_mask, with_entropy, batch.response_mask)
+            extra = {"groups": mb.groups} if mb.groups is not None else {}
+            logp, ent = scorer(batch.input_ids, batch.attention_mask, with_entropy, batch.response_mask, **extra)
             for b, i in enumerate(group):
                 p, n = len(rows[i].prompt_ids), len(rows[i].response_ids)
                 out[i] = logp[b, p - 1 : p - 1 + n].detach().to("cpu", torch.float32, copy=True)
                 if ent is not None:
                     ents[i] = ent[b, p - 1 : p - 1 + n].detach().to("cpu", torch.float32, copy=True)
-        for _ in range(total - len(groups)):
+        for _ in range(total - len(plan)):
             scorer(*dummy_batch(pad_id))
     finally:
         scorer.train(was_training)

@@ -10,8 +10,10 @@ A resume refuses a checkpoint made with other settings than the run's (the rule 
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -29,16 +31,18 @@ RESUMABLE_CHANGES = frozenset({
     "run.keep_checkpoints", "run.tensorboard", "run.torch_threads", "run.resume", "run.output_dir", "run.distributed",
     "run.dist_timeout_s", "run.rollout_engine", "run.vllm_gpu_memory_utilization",
     "model.logprob_chunk_tokens", "model.gradient_checkpointing", "optim.micro_batch_tokens",
+    "rl.shared_prefix", "rl.shared_prefix_min_tokens",
 })
 
 
 def _dotted(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Dotted key -> value for every entry, nested sections too (``model.lora`` and ``model.lora.rank``), so a
+    whole section an older checkpoint lacks compares as its defaults."""
     out = {}
     for k, v in d.items():
+        out[prefix + k] = v
         if isinstance(v, dict):
             out.update(_dotted(v, f"{prefix}{k}."))
-        else:
-            out[prefix + k] = v
     return out
 
 
@@ -60,6 +64,8 @@ class Checkpointer:
     def __init__(self, cfg: TrainConfig, dist: DistInfo, fsdp: bool):
         self.cfg, self.dist, self.fsdp = cfg, dist, fsdp
         self.dir = os.path.join(cfg.run.output_dir, "checkpoints")
+        self.lora = cfg.model.lora.enabled
+        self._base_fingerprint: str | None = None  # LoRA: the frozen base's CRC, computed once
 
     def found(self) -> list[str]:
         """Checkpoint files, oldest first."""
@@ -67,7 +73,14 @@ class Checkpointer:
 
     # ---------------------------------------------------------------------------------- policy state
     def model_state(self, policy: torch.nn.Module) -> dict[str, Any]:
-        """The policy's saved state: every tensor, unsharded, on the CPU, keyed by name (a collective under FSDP)."""
+        """The policy's saved state: every tensor, unsharded, on the CPU, keyed by name (a collective under FSDP).
+        LoRA: the adapter only and a fingerprint of the frozen base (:mod:`memagent.train.lora`)."""
+        if self.lora:
+            from memagent.train.lora import adapter_state_dict, base_fingerprint
+
+            if self._base_fingerprint is None:
+                self._base_fingerprint = base_fingerprint(policy)
+            return {"adapter": adapter_state_dict(policy), "base_fingerprint": self._base_fingerprint}
         if not self.fsdp:
             return {k: v.detach().cpu() for k, v in policy.state_dict().items()}
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -75,7 +88,21 @@ class Checkpointer:
         return get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def load_model_state(self, policy: torch.nn.Module, state: dict[str, Any]) -> None:
-        """Load what :meth:`model_state` saved."""
+        """Load what :meth:`model_state` saved.
+
+        Raises:
+            ConfigError: LoRA: the checkpoint was trained on other base weights, or its adapter has other shapes.
+        """
+        if self.lora:
+            from memagent.train.lora import base_fingerprint, load_adapter_state_dict
+
+            here = self._base_fingerprint = base_fingerprint(policy)
+            if state.get("base_fingerprint") not in (None, here):
+                raise ConfigError(f"the checkpoint's adapter was trained on other base weights (fingerprint "
+                                  f"{state['base_fingerprint']}, this model's {here}: another model.path, model.dtype or "
+                                  "file); resume on the same base model")
+            load_adapter_state_dict(policy, state["adapter"])
+            return
         if not self.fsdp:
             policy.load_state_dict(state)
             return
@@ -85,7 +112,11 @@ class Checkpointer:
 
     def optimizer_state(self, policy: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """The optimizer's state keyed by parameter name (the layout of ``torch.distributed.checkpoint``: the
-        same in one process, under DDP and under FSDP)."""
+        same in one process, under DDP and under FSDP). LoRA: the adapters' state only."""
+        if self.lora:
+            from memagent.train.lora import optimizer_state_by_name
+
+            return optimizer_state_by_name(optimizer, policy)
         if not self.fsdp:
             return optimizer_by_name(optimizer.state_dict(), policy)
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
@@ -93,6 +124,12 @@ class Checkpointer:
         return get_optimizer_state_dict(policy, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def load_optimizer_state(self, policy: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        """Load what :meth:`optimizer_state` saved (also the by-index layout of checkpoints before 0.2)."""
+        if self.lora:
+            from memagent.train.lora import load_optimizer_state_by_name
+
+            load_optimizer_state_by_name(optimizer, policy, state)
+            return
         state = optimizer_by_name(state, policy)  # checkpoints before 0.2: by index
         if not self.fsdp:
             optimizer.load_state_dict(optimizer_by_index(state, policy))
@@ -109,7 +146,8 @@ class Checkpointer:
         if self.dist.is_main:
             os.makedirs(self.dir, exist_ok=True)
             tmp = path + ".tmp"
-            torch.save({**state, "rng": rng_state(), "config": config_to_dict(self.cfg)}, tmp)
+            lora = dataclasses.asdict(self.cfg.model.lora) if self.lora else None  # which kind of run (resume check)
+            torch.save({**state, "rng": rng_state(), "config": config_to_dict(self.cfg), "lora": lora}, tmp)
             os.replace(tmp, path)
             for old in self.found()[: -self.cfg.run.keep_checkpoints]:
                 os.remove(old)
@@ -127,7 +165,10 @@ class Checkpointer:
         found = self.found()
         if not found:
             return None
-        state = torch.load(found[-1], map_location="cpu", weights_only=False)
+        path, state = self._newest_readable(found)
+        from memagent.train.lora import check_resume_kind
+
+        check_resume_kind(state.get("lora"), self.cfg.model.lora, path)  # LoRA vs full fine-tuning, with what differs
         changed = config_changes(state.get("config", {}), config_to_dict(self.cfg))
         if state.get("templates_hash", templates_hash) != templates_hash:  # the file's text, not its path
             changed.append(("prompt templates (agent.templates' text)", state["templates_hash"], templates_hash))
@@ -136,10 +177,32 @@ class Checkpointer:
             changed.append(("run.total_steps (the cosine schedule decays to 0 at it)", old_total, self.cfg.run.total_steps))
         if changed:
             listing = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changed[:8])
-            raise ConfigError(f"{found[-1]} was saved with other settings ({listing}); resume with the checkpoint's "
+            raise ConfigError(f"{path} was saved with other settings ({listing}); resume with the checkpoint's "
                               "settings, or choose another run.output_dir to start a new run")
         set_rng_state(state["rng"])
         return state
+
+    def _newest_readable(self, found: list[str]) -> tuple[str, dict[str, Any]]:
+        """``(path, state)`` of the newest checkpoint that loads; a file that does not (truncated by a kill or a
+        full disk) is skipped with a warning naming it, and the previous one is tried.
+
+        Raises:
+            ConfigError: no checkpoint loads (each file with its error).
+        """
+        bad = []
+        for path in reversed(found):
+            try:
+                state = torch.load(path, map_location="cpu", weights_only=False)
+                if not isinstance(state, dict) or "step" not in state:
+                    raise ValueError("not a training checkpoint (no step)")
+            except Exception as e:  # noqa: BLE001 - any unreadable file: pickle, zip and EOF errors alike
+                bad.append(f"{path} ({type(e).__name__}: {e})")
+                warnings.warn(f"checkpoint {path} cannot be read ({type(e).__name__}: {e}); resuming from the "
+                              "previous checkpoint instead", stacklevel=3)
+                continue
+            return path, state
+        raise ConfigError(f"no checkpoint in {self.dir} can be read: {'; '.join(bad)}. Remove the unreadable files to "
+                          "start the run over in this folder, or choose another run.output_dir")
 
 
 def optimizer_by_name(state: dict[str, Any], model: torch.nn.Module) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from memagent.configtypes import build_flat, check_sampling, flat, flat_dict, fl
 from memagent.errors import ConfigError, closest
 from memagent.rl.kl import KLType
 from memagent.rl.losses import AggMode
+from memagent.train.lora import LoraSettings
 
 
 @dataclass(frozen=True)
@@ -36,12 +37,19 @@ class ModelConfig:
             updated by AdamW at small learning rates round the updates away (a warning says so).
         logprob_chunk_tokens: positions per log-softmax slice (memory vs. speed).
         gradient_checkpointing: recompute decoder activations in backward.
+        lora: LoRA adapters instead of full fine-tuning (:class:`memagent.train.lora.LoraSettings`). With LoRA,
+            ``dtype`` is the storage dtype of the frozen base; the adapters and their AdamW state are float32.
+        compute_dtype: dtype of the update's matrix products: ``bfloat16`` runs the scoring and training
+            forwards under autocast over the ``dtype`` weights (float32 master weights, gradients and AdamW
+            state; log-softmax and loss in float32); about 2x faster on CPUs with AVX512_BF16 or AMX.
     """
 
     path: str = "tiny"
     dtype: Literal["float32", "bfloat16"] = "float32"
     logprob_chunk_tokens: int = 512
     gradient_checkpointing: bool = False
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    compute_dtype: Literal["float32", "bfloat16"] = "float32"
 
 
 @dataclass(frozen=True)
@@ -121,7 +129,16 @@ class LossSettings:
 
 @dataclass(frozen=True)
 class RLConfig:
-    """Multi-conversation GRPO (reference values as defaults, reference-memagent.md §4.1, §4.7, §4.8)."""
+    """Multi-conversation GRPO (reference values as defaults, reference-memagent.md §4.1, §4.7, §4.8).
+
+    Attributes:
+        reward: the verifier that scores a final response (any name of :data:`memagent.verifiers.VERIFIERS`,
+            through :func:`memagent.scoring.score`, so a reward is the score evaluation gives the response).
+        shared_prefix: in the update, compute a prompt prefix shared by several rows once per group and reuse
+            its keys and values (:mod:`memagent.train.prefix`; same loss and gradients, fewer tokens). A big
+            saving with the ``chunk_first`` template, whose G rows of a question at one chunk share the chunk.
+        shared_prefix_min_tokens: the shortest prefix worth sharing, in tokens.
+    """
 
     group_size: int = 16
     prompts_per_step: int = 128
@@ -129,7 +146,9 @@ class RLConfig:
     normalize_std: bool = False
     singleton: Literal["reward", "zero"] = "reward"
     loss: LossSettings = flat(LossSettings)
-    reward: Literal["strict_boxed", "strict_boxed_reference", "sub_em"] = "strict_boxed"
+    reward: str = "strict_boxed"
+    shared_prefix: bool = False
+    shared_prefix_min_tokens: int = 32
 
 
 @dataclass(frozen=True)
@@ -169,8 +188,10 @@ class RunConfig:
             processes wait at a barrier while rank 0 validates and writes checkpoints, which for a large model
             takes longer than torch's defaults (10 minutes with NCCL, 30 with gloo).
         rollout_engine: what generates rollouts and validation answers: ``hf`` (transformers ``generate`` on
-            the policy module itself) or ``vllm`` (an in-process vLLM engine per process, loaded from the
-            policy's weights at start and after every step; needs the ``vllm`` package).
+            the policy module itself), ``vllm`` (an in-process vLLM engine per process, loaded from the
+            policy's weights at start and after every step; needs the ``vllm`` package) or ``llamacpp`` (batched
+            llama.cpp on an F16 copy of the base GGUF with the LoRA adapter pushed after every step; LoRA
+            training with a GGUF base only, e.g. ``model.path: smollm2``; the fast engine on CPU).
         vllm_gpu_memory_utilization: with ``rollout_engine=vllm``, the fraction of accelerator memory the
             engine may take (weights + KV cache); the rest is left to training.
     """
@@ -188,7 +209,7 @@ class RunConfig:
     torch_threads: int | None = None
     distributed: Literal["ddp", "fsdp"] = "ddp"
     dist_timeout_s: int = 7200
-    rollout_engine: Literal["hf", "vllm"] = "hf"
+    rollout_engine: Literal["hf", "vllm", "llamacpp"] = "hf"
     vllm_gpu_memory_utilization: float = 0.3
 
 
@@ -247,12 +268,31 @@ class TrainConfig:
         for ok, msg in checks:
             if not ok:
                 raise ConfigError(msg)
-        if self.model.dtype == "bfloat16" and o.lr < 1e-4:
+        self._check_reward()
+        self._check_speed_levers()
+        if self.model.dtype == "bfloat16" and o.lr < 1e-4 and not self.model.lora.enabled:  # LoRA: fp32 adapters
             # AdamW moves each weight by about lr per step; bfloat16 keeps 8 significant bits, so a weight of
             # magnitude w only changes when lr exceeds ~w/512: at lr 1e-5 typical weights (~0.01-0.1) never move.
             warnings.warn(
                 f"model.dtype=bfloat16 with optim.lr={o.lr:g}: bfloat16 parameters round away AdamW updates this "
                 "small (the policy barely changes); train with model.dtype=float32", stacklevel=2)
+
+
+    def _check_reward(self) -> None:
+        from memagent.verifiers import VERIFIERS
+
+        if self.rl.reward not in VERIFIERS:
+            close = closest(self.rl.reward, VERIFIERS.names())
+            hint = f"did you mean {close}? " if close else ""
+            raise ConfigError(f"rl.reward: unknown verifier {self.rl.reward!r}; {hint}known: {', '.join(VERIFIERS.names())}")
+
+    def _check_speed_levers(self) -> None:
+        rl, m = self.rl, self.model
+        if rl.shared_prefix_min_tokens < 1:
+            raise ConfigError(f"rl.shared_prefix_min_tokens must be >= 1 (tokens), got {rl.shared_prefix_min_tokens}")
+        if rl.shared_prefix and m.gradient_checkpointing:
+            raise ConfigError("rl.shared_prefix cannot run under model.gradient_checkpointing (transformers drops the "
+                              "key/value cache of checkpointed layers); turn one of them off")
 
 
 def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
@@ -268,16 +308,14 @@ def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
     hints = typing.get_type_hints(cls)
     sections = [f.name for f in dataclasses.fields(cls) if dataclasses.is_dataclass(hints[f.name])
                 and not f.metadata.get("flat")]
-    if sections:
-        kwargs = {}
-        for name in sections:
-            if name in data:
-                if not isinstance(data[name], dict):
-                    raise ConfigError(f"{prefix}{name} must be a mapping")
-                kwargs[name] = _build(hints[name], data[name], f"{prefix}{name}.")
-        return cls(**kwargs)
+    kwargs = {}
+    for name in sections:  # nested sections (the top-level ones, model.lora) recursively; the other keys flat
+        if name in data:
+            if not isinstance(data[name], dict):
+                raise ConfigError(f"{prefix}{name} must be a mapping")
+            kwargs[name] = _build(hints[name], data[name], f"{prefix}{name}.")
     try:
-        return build_flat(cls, data, lambda k: prefix + k)
+        return build_flat(cls, {k: v for k, v in data.items() if k not in sections}, lambda k: prefix + k, kwargs)
     except ConfigError as e:
         if str(e).startswith(prefix):
             raise

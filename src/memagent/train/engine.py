@@ -3,8 +3,10 @@
 The trainer talks to an engine through two seams: :attr:`RolloutEngine.backend` (a
 :class:`memagent.backends.base.Backend` that returns exact token ids, built through the one backend factory)
 and :meth:`RolloutEngine.sync` (bring the engine up to the policy's weights after an update or a resume).
-:func:`make_engine` picks one from ``run.rollout_engine``; another engine (e.g. a llama.cpp one that gets an
-adapter pushed after each step) subclasses :class:`RolloutEngine` and is added there.
+:func:`make_engine` picks one from ``run.rollout_engine``: ``hf`` (:class:`RolloutEngine`), ``vllm``
+(:class:`VLLMEngine`) or ``llamacpp`` (:class:`memagent.train.engine_llamacpp.LlamaCppEngine`, a batched
+llama.cpp engine that gets the LoRA adapter pushed after each step). Another engine subclasses
+:class:`RolloutEngine` and is added there.
 
 Under FSDP the policy is sharded, so rollouts run on an unsharded copy (:attr:`RolloutEngine.rollout_policy`)
 that :meth:`sync` refreshes from the gathered full weights (a collective: every rank calls it).
@@ -98,10 +100,20 @@ class VLLMEngine(RolloutEngine):
             self.backend.load_weights((n, p.detach()) for n, p in self.rollout_policy.named_parameters())
 
 
-#: ``run.rollout_engine`` -> engine class.
-ENGINES = {"hf": RolloutEngine, "vllm": VLLMEngine}
+def _llamacpp_engine() -> type[RolloutEngine]:
+    from memagent.train.engine_llamacpp import LlamaCppEngine  # its module subclasses RolloutEngine: imported late
+
+    return LlamaCppEngine
+
+
+#: ``run.rollout_engine`` -> a function returning the engine class.
+ENGINES = {"hf": lambda: RolloutEngine, "vllm": lambda: VLLMEngine, "llamacpp": _llamacpp_engine}
 
 
 def make_engine(cfg: TrainConfig, dist: DistInfo, policy: torch.nn.Module, tokenizer: Any, fsdp: bool) -> RolloutEngine:
-    """The rollout engine ``run.rollout_engine`` names."""
-    return ENGINES[cfg.run.rollout_engine](cfg, dist, policy, tokenizer, fsdp)
+    """The rollout engine ``run.rollout_engine`` names.
+
+    Raises:
+        ConfigError: the engine cannot serve this run (e.g. ``llamacpp`` with full fine-tuning).
+    """
+    return ENGINES[cfg.run.rollout_engine]()(cfg, dist, policy, tokenizer, fsdp)

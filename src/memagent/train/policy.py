@@ -16,7 +16,23 @@ from memagent.train.config import TrainConfig
 
 
 def load_policy(cfg: TrainConfig) -> tuple[Any, Any]:
-    """``(model, tokenizer)`` for ``cfg.model.path`` (``tiny``, ``smollm2``, HF directory or ``.gguf``)."""
+    """``(model, tokenizer)`` for ``cfg.model.path`` (``tiny``, ``smollm2``, HF directory or ``.gguf``).
+
+    With ``model.lora.enabled`` the model is the peft model over the frozen base (:func:`memagent.train.lora.apply_lora`;
+    its adapters are initialised from the torch RNG, seeded by the caller).
+
+    Raises:
+        ConfigError: a LoRA target module the model lacks (the message lists the ones it has).
+    """
+    model, tok = _load_base(cfg)
+    if cfg.model.lora.enabled:
+        from memagent.train.lora import apply_lora
+
+        model = apply_lora(model, cfg.model.lora)
+    return model, tok
+
+
+def _load_base(cfg: TrainConfig) -> tuple[Any, Any]:
     from memagent.backends.hf import load_hf_model
 
     path = cfg.model.path
@@ -49,9 +65,11 @@ def lr_lambda(warmup_steps: int, total_steps: int, schedule: str):
 
 
 def make_optimizer(policy: torch.nn.Module, cfg: TrainConfig) -> tuple[torch.optim.Optimizer, Any]:
-    """AdamW over the policy's parameters and its per-step schedule (``optim`` section)."""
+    """AdamW over the policy's trainable parameters (all of them, or the LoRA adapters) and its per-step schedule
+    (``optim`` section)."""
     o = cfg.optim
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
+    params = [p for p in policy.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(o.warmup_steps, cfg.run.total_steps, o.schedule))
     return optimizer, scheduler
 

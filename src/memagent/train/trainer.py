@@ -13,6 +13,11 @@ The parts that vary live in their own modules: the policy, its optimizer and sch
 checkpoints and resume (:mod:`memagent.train.checkpoint`), data (:mod:`memagent.train.data`), validation
 (:mod:`memagent.train.validation`) and the step's metrics (:mod:`memagent.train.metrics`).
 
+The update's levers are settings: ``model.lora`` (peft adapters; the reference model is the policy with its
+adapter disabled, computed inside the update's micro-batch loop; :mod:`memagent.train.lora`),
+``model.compute_dtype`` (bf16 autocast over float32 master weights; :mod:`memagent.train.precision`) and
+``rl.shared_prefix`` (prompt prefixes shared by rows computed once per group; :mod:`memagent.train.prefix`).
+
 Source: reference-memagent.md §4.1 (hyperparameters), §4.7 (step), §4.8 (update), §4.10 (objective).
 """
 
@@ -22,6 +27,7 @@ import copy
 import math
 import os
 import time
+import warnings
 import zlib
 from typing import Any
 
@@ -53,6 +59,10 @@ class Trainer:
             multiplier to its questions.
         reward_fn: override the configured reward ``(response, answers) -> float`` (tests).
 
+    Attributes:
+        policy: the policy module the optimizer steps; with ``model.lora.enabled`` the live ``peft.PeftModel``
+            (its adapter is what trains; a rollout engine built with it reads the adapter from it).
+
     Raises:
         ConfigError: inconsistent settings (e.g. prompts per step not divisible by the world size).
     """
@@ -72,7 +82,7 @@ class Trainer:
         if cfg.model.gradient_checkpointing:
             self.policy.gradient_checkpointing_enable()
         self.policy.train()
-        self.reference = copy.deepcopy(self.policy).eval().requires_grad_(False) if cfg.rl.loss.kl_coef > 0 else None
+        self.reference, self.reference_context = self._make_reference()
         self.fsdp = cfg.run.distributed == "fsdp" and self.dist.enabled
         self.engine = make_engine(cfg, self.dist, self.policy, self.hf_tokenizer, self.fsdp)
         self._wrap_scorers()
@@ -102,13 +112,28 @@ class Trainer:
         if rl.mini_batches > local_trajs:
             raise ConfigError(f"rl.mini_batches ({rl.mini_batches}) exceeds the {local_trajs} trajectories "
                               "each process has per step")
+        if self.cfg.run.distributed == "fsdp" and self.dist.enabled and (self.cfg.model.lora.enabled or rl.shared_prefix):
+            raise ConfigError("model.lora and rl.shared_prefix are not supported with run.distributed=fsdp (FSDP ranks "
+                              "must run the same per-layer passes; LoRA's adapters are small): use run.distributed=ddp")
+
+    def _make_reference(self):
+        """``(reference module, reference context)``: with LoRA the reference model is the policy with its adapter
+        disabled (a context, no copy; its log-probabilities come in the update's own micro-batch loop), with full
+        fine-tuning a frozen copy of the initial policy; neither without a KL term."""
+        if self.cfg.rl.loss.kl_coef == 0:
+            return None, None
+        if self.cfg.model.lora.enabled:
+            from memagent.train.lora import adapter_disabled
+
+            return None, lambda: adapter_disabled(self.policy)
+        return copy.deepcopy(self.policy).eval().requires_grad_(False), None
 
     def _wrap_scorers(self) -> None:
-        """Log-probabilities at the rollout temperature (of the distribution the tokens were sampled from);
-        sharded under FSDP, wrapped in DDP otherwise."""
-        chunk, temp = self.cfg.model.logprob_chunk_tokens, self.cfg.agent.rollout.temperature
-        self.scorer = TokenLogProbs(self.policy, chunk, temperature=temp)
-        self.ref_scorer = TokenLogProbs(self.reference, chunk, temperature=temp) if self.reference else None
+        """Log-probabilities at the rollout temperature (of the distribution the tokens were sampled from), in
+        ``model.compute_dtype``; sharded under FSDP, wrapped in DDP otherwise."""
+        chunk, temp, dtype = self.cfg.model.logprob_chunk_tokens, self.cfg.agent.rollout.temperature, self.cfg.model.compute_dtype
+        self.scorer = TokenLogProbs(self.policy, chunk, temperature=temp, compute_dtype=dtype)
+        self.ref_scorer = TokenLogProbs(self.reference, chunk, temperature=temp, compute_dtype=dtype) if self.reference else None
         if self.fsdp:
             shard_fsdp(self.scorer)
             if self.ref_scorer is not None:
@@ -197,13 +222,20 @@ class Trainer:
         return step_metrics(self.step, ro, rewards, groups, row_traj, ent, adv_metrics, sums, norms, lr,
                             time.perf_counter() - t_up, rl.mini_batches, self.skipped_updates)
 
+    @property
+    def min_shared_tokens(self) -> int | None:
+        """The shortest prompt prefix the update shares (``rl.shared_prefix``), or ``None``: no sharing."""
+        return self.cfg.rl.shared_prefix_min_tokens if self.cfg.rl.shared_prefix else None
+
     def _reference_logprobs(self, rows):
         """``(old, entropies, reference)`` log-probabilities of every row's response tokens. With one mini-batch
-        the update is the only one on fresh samples: the old policy is the current weights (``old=None``)."""
-        budget, eq = self.cfg.optim.micro_batch_tokens, self.equal_forwards
+        the update is the only one on fresh samples: the old policy is the current weights (``old=None``, fused
+        into the training forward). With LoRA the reference comes inside the update's micro-batch loop
+        (``reference=None`` here)."""
+        budget, eq, share = self.cfg.optim.micro_batch_tokens, self.equal_forwards, self.min_shared_tokens
         single = self.cfg.rl.mini_batches == 1
-        old, ent = (None, None) if single else row_logprobs(self.scorer, rows, self.pad_id, budget, True, eq)
-        ref = row_logprobs(self.ref_scorer, rows, self.pad_id, budget, False, eq)[0] if self.ref_scorer else None
+        old, ent = (None, None) if single else row_logprobs(self.scorer, rows, self.pad_id, budget, True, eq, share)
+        ref = row_logprobs(self.ref_scorer, rows, self.pad_id, budget, False, eq, share)[0] if self.ref_scorer else None
         return old, ent, ref
 
     def _update(self, rows, part, row_adv, old, ref) -> dict[str, float]:
@@ -214,12 +246,14 @@ class Trainer:
             [ref[i] for i in part] if ref is not None else None, self.cfg.rl.loss, self.pad_id,
             self.cfg.optim.micro_batch_tokens, all_reduce_sum if self.dist.enabled else None, self.dist.world_size,
             log_entropy=self.cfg.rl.mini_batches == 1, equal_forwards=self.equal_forwards,
+            min_shared_tokens=self.min_shared_tokens, reference=self.reference_context,
         )
         return reduce_mini_batch(m) if self.dist.enabled else m
 
     def _optimizer_step(self) -> float:
         """Clip the gradient and step (skipped, and counted, when its norm is not finite); returns the norm."""
-        norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.optim.grad_clip)
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.optim.grad_clip)
         norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP: a DTensor
         if math.isfinite(norm):
             self.optimizer.step()
@@ -243,11 +277,39 @@ class Trainer:
     def save_checkpoint(self) -> str:
         """Write model, optimizer, scheduler, RNG states and data position (see :class:`Checkpointer`)."""
         model_sd, optim_sd = self.full_state()
-        return self.checkpoints.save({
+        path = self.checkpoints.save({
             "step": self.step, "data_position": self.step * self.cfg.rl.prompts_per_step,
             "skipped_updates": self.skipped_updates, "model": model_sd, "optimizer": optim_sd,
             "scheduler": self.scheduler.state_dict(), "templates_hash": self.templates.hash,
         })
+        if self.cfg.model.lora.enabled and self.dist.is_main:  # small: the newest adapter is always exportable
+            self.save_model_dir()
+        return path
+
+    def save_model_dir(self) -> str:
+        """Write the trained policy where ``memagent export`` reads it (main process), and ``config.json`` (the
+        resolved training config) next to it. LoRA: ``output_dir/adapter/`` (peft ``save_pretrained``: the adapter
+        and its config, plus the tokenizer), replaced whole so a kill never leaves half of one; full fine-tuning:
+        ``output_dir/policy/`` (a transformers model directory). Returns the directory."""
+        write_json(os.path.join(self.out_dir, "config.json"), config_to_dict(self.cfg), indent=1)
+        if not self.cfg.model.lora.enabled:
+            path = os.path.join(self.out_dir, "policy")
+            self.engine.save_policy(path)  # full weights, also under FSDP
+            return path
+        import shutil
+
+        path = os.path.join(self.out_dir, "adapter")
+        tmp, old = path + ".tmp", path + ".old"
+        shutil.rmtree(tmp, ignore_errors=True)
+        with warnings.catch_warnings():  # peft asks transformers a deprecated question; nothing for users to do
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            self.policy.save_pretrained(tmp)
+        self.hf_tokenizer.save_pretrained(tmp)
+        if os.path.exists(path):
+            os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+        return path
 
     def load_latest(self) -> bool:
         """Resume from the newest checkpoint in ``output_dir`` if any; returns whether one was loaded.
@@ -315,7 +377,7 @@ class Trainer:
             if r.stop_after_step is not None and self.step >= r.stop_after_step:
                 break
         if self.step >= r.total_steps and self.dist.is_main:
-            self.engine.save_policy(os.path.join(self.out_dir, "policy"))  # full weights, also under FSDP
+            self.save_model_dir()
         if self._writer is not None:
             self._writer.close()
         return last

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from memagent.rl.losses import aggregation_units, aggregation_weights, policy_loss
 from memagent.rl.multiconv import row_loss_mask
-from memagent.train.batching import dummy_batch, micro_batches, pad_rows, scatter_response
+from memagent.train.batching import dummy_batch, pad_rows, scatter_response
 from memagent.train.config import LossSettings  # noqa: F401 - the loss settings' one declaration
+from memagent.train.prefix import MicroBatch, check_sharing, plan_micro_batches
 from memagent.train.rollout import Row
 
 AllReduceSum = Callable[[torch.Tensor], torch.Tensor]
@@ -35,6 +37,8 @@ def mini_batch_backward(
     world_size: int = 1,
     log_entropy: bool = False,
     equal_forwards: Callable[[int], int] | None = None,
+    min_shared_tokens: int | None = None,
+    reference: Callable[[], contextlib.AbstractContextManager] | None = None,
 ) -> dict[str, float]:
     """Accumulate the gradient of the mini-batch loss into ``model``'s parameters (no optimizer step).
 
@@ -57,6 +61,12 @@ def mini_batch_backward(
             the missing micro-batches are forward/backward passes on a 2-token dummy row with loss 0, so the
             per-layer all-gathers and gradient reduce-scatters of all ranks pair up. Gradients are reduced
             only after the last one (``set_requires_gradient_sync``).
+        min_shared_tokens: compute prompt prefixes shared by rows (at least this many tokens) once per group
+            (:mod:`memagent.train.prefix`); micro-batches then hold whole groups. ``None``: no sharing.
+        reference: with ``ref_logps=None``, a context in which ``model`` computes the reference model (LoRA:
+            :func:`memagent.train.lora.adapter_disabled`); each micro-batch then takes its reference
+            log-probabilities from ``model`` without gradient just before its training forward (fused
+            reference pass: no second model, no separate pass over the rows).
 
     Returns:
         metrics as floats: ``loss``, ``pg/loss``, ``kl/mean``, ``entropy/mean`` (mini-batch aggregates) and
@@ -64,6 +74,7 @@ def mini_batch_backward(
         ``tokens`` (response tokens on this rank) and, when entropy is computed, ``entropy/token_sum``
         (unweighted sum over those tokens).
     """
+    check_sharing(min_shared_tokens, equal_forwards)
     full = pad_rows(rows, pad_id)
     mask = row_loss_mask(full.response_mask, torch.tensor([r.is_final for r in rows]), settings.mask_final)
     traj = torch.tensor([r.traj_index for r in rows])
@@ -74,28 +85,16 @@ def mini_batch_backward(
     width = mask.shape[1]
     old_full = scatter_response(old_logps, rows, width) if old_logps is not None else None
     ref_full = scatter_response(ref_logps, rows, width) if ref_logps is not None else None
-    want_entropy = settings.entropy_coef != 0 or log_entropy
+    step = _MicroStep(model, settings, settings.entropy_coef != 0 or log_entropy, row_advantages, mask, weights,
+                      old_full, ref_full, reference if ref_logps is None else None, world_size)
     sums: dict[str, float] = {}
-    groups = micro_batches([r.num_tokens for r in rows], micro_tokens)
-    total = equal_forwards(len(groups)) if equal_forwards is not None else len(groups)
-    for k, group in enumerate(groups):
-        idx = torch.tensor(group)
-        mb = pad_rows([rows[i] for i in group], pad_id)
-        cols = mb.response_mask.shape[1]
+    plan = plan_micro_batches([r.prompt_ids for r in rows], [r.num_tokens for r in rows], micro_tokens,
+                              min_shared_tokens)
+    total = equal_forwards(len(plan)) if equal_forwards is not None else len(plan)
+    for k, mb in enumerate(plan):
         with _grad_sync(model, k == total - 1):
-            logp, ent = model(mb.input_ids, mb.attention_mask, want_entropy, mask[idx, :cols])
-            dev = logp.device
-            m = mask[idx, :cols].to(dev)
-            loss, metrics = policy_loss(
-                logp, old_full[idx, :cols].to(dev) if old_full is not None else logp.detach(),
-                row_advantages[idx].to(dev), weights[idx, :cols].to(dev), m,
-                settings.clip_low, settings.clip_high, settings.dual_clip,
-                ref_logp=ref_full[idx, :cols].to(dev) if ref_full is not None else None,
-                kl_coef=settings.kl_coef, kl_type=settings.kl_type, entropy=ent, entropy_coef=settings.entropy_coef,
-            )
-            (loss * world_size).backward()
-        _accumulate(sums, loss, metrics, ent, m)
-    _dummy_passes(model, pad_id, len(groups), total)
+            step(mb, pad_rows([rows[i] for i in mb.rows], pad_id), sums)
+    _dummy_steps(model, step.reference, pad_id, len(plan), total)
     tokens = max(sums.get("tokens", 0.0), 1.0)
     for key in ("pg/clip_frac", "pg/dual_clip_frac", "pg/ratio_mean", "pg/approx_kl"):
         if key in sums:
@@ -103,13 +102,53 @@ def mini_batch_backward(
     return sums
 
 
-def _dummy_passes(model: torch.nn.Module, pad_id: int, done: int, total: int) -> None:
-    """FSDP: the forward/backward passes on a dummy row (loss 0) that keep this rank's collectives in step with
-    the ranks that have more micro-batches (``done`` run, ``total`` due)."""
+def _dummy_steps(model, reference, pad_id: int, done: int, total: int) -> None:
+    """FSDP: forward/backward passes with loss 0 on a 2-token row, from micro-batch ``done`` to ``total``, so this
+    rank's collectives stay in step with the ranks that have more micro-batches."""
     for k in range(done, total):
         with _grad_sync(model, k == total - 1):
+            if reference is not None:
+                with torch.no_grad(), reference():
+                    model(*dummy_batch(pad_id))
             logp, _ = model(*dummy_batch(pad_id))
             (logp.sum() * 0.0).backward()
+
+
+@dataclass
+class _MicroStep:
+    """Forward, loss and backward of one micro-batch, adding its metrics to a running sum."""
+
+    model: torch.nn.Module
+    settings: LossSettings
+    want_entropy: bool
+    row_advantages: torch.Tensor
+    mask: torch.Tensor
+    weights: torch.Tensor
+    old_full: torch.Tensor | None
+    ref_full: torch.Tensor | None
+    reference: Callable[[], contextlib.AbstractContextManager] | None
+    world_size: int
+
+    def __call__(self, mb: MicroBatch, batch, sums: dict[str, float]) -> None:
+        s, idx = self.settings, torch.tensor(mb.rows)
+        w_cols = batch.response_mask.shape[1]
+        tmask = self.mask[idx, :w_cols]
+        extra = {"groups": mb.groups} if mb.groups is not None else {}
+        ref = self.ref_full[idx, :w_cols] if self.ref_full is not None else None
+        if self.reference is not None:
+            with torch.no_grad(), self.reference():
+                ref, _ = self.model(batch.input_ids, batch.attention_mask, False, tmask, **extra)
+        logp, ent = self.model(batch.input_ids, batch.attention_mask, self.want_entropy, tmask, **extra)
+        dev = logp.device
+        m = tmask.to(dev)
+        loss, metrics = policy_loss(
+            logp, self.old_full[idx, :w_cols].to(dev) if self.old_full is not None else logp.detach(),
+            self.row_advantages[idx].to(dev), self.weights[idx, :w_cols].to(dev), m,
+            s.clip_low, s.clip_high, s.dual_clip, ref_logp=ref.to(dev) if ref is not None else None,
+            kl_coef=s.kl_coef, kl_type=s.kl_type, entropy=ent, entropy_coef=s.entropy_coef,
+        )
+        (loss * self.world_size).backward()
+        _accumulate(sums, loss, metrics, ent, m)
 
 
 def _accumulate(sums: dict[str, float], loss: torch.Tensor, metrics: dict, ent: torch.Tensor | None,

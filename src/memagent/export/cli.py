@@ -1,0 +1,27 @@
+"""``memagent export RUN_DIR --out DIR [--format hf|gguf|lora-gguf]``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from memagent.errors import MemagentError
+
+
+def export_command(
+    run_dir: Path = typer.Argument(..., help="training run folder (holds policy/ or adapter/, and config.json)"),
+    out: Path = typer.Option(..., "--out", "-o", help="new or empty folder to write into"),
+    fmt: str = typer.Option("hf", "--format", "-f", help="hf (model directory, LoRA merged) | gguf (OUT/model.gguf "
+                            "for llama.cpp) | lora-gguf (OUT/adapter.gguf, llama.cpp's LoRA format)"),
+    dtype: str = typer.Option("f16", "--dtype", help="gguf: matrix type f16 | f32 (norms stay f32)"),
+) -> None:
+    """Export a run's trained policy as an HF model directory, a GGUF, or a llama.cpp LoRA adapter."""
+    from memagent.export.run import export_run
+
+    try:
+        written = export_run(run_dir, out, fmt, dtype)
+    except MemagentError as e:
+        typer.secho(f"error: {e}", fg="red", err=True)
+        raise typer.Exit(2) from e
+    typer.echo(written)

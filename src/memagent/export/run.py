@@ -1,0 +1,201 @@
+"""What a training run folder must hold to be exported, and the three export formats.
+
+Input contract (``RUN_DIR``):
+
+- ``policy/``: the trained policy as an HF model directory (``config.json``, weights, tokenizer); the trainer
+  writes it when a full fine-tuning run finishes. Or
+- ``adapter/``: a peft LoRA adapter (``adapter_config.json`` + ``adapter_model.safetensors``, peft's
+  ``save_pretrained``) over the run's base model. When both exist the adapter wins (``policy/`` may then be
+  a merged copy).
+- ``config.json``: the run's training config (the trainer writes it first); ``model.path`` names the base
+  model (``smollm2``, ``tiny``, an HF directory or a ``.gguf``), ``run.seed`` seeds a ``tiny`` base. Without
+  it the adapter's ``base_model_name_or_path`` is used.
+
+Formats (``--format``):
+
+- ``hf``: an HF model directory (LoRA merged with peft's ``merge_and_unload``) that transformers and vLLM load.
+- ``gguf``: ``model.gguf`` for llama.cpp (``memagent run --backend llamacpp --model OUT/model.gguf``); its
+  tokenizer and metadata come from the base GGUF, so the base must be a GGUF (``smollm2`` or a ``.gguf``).
+- ``lora-gguf``: the adapter alone, ``adapter.gguf``, in llama.cpp's LoRA format (LoRA runs only).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from memagent.errors import ConfigError
+
+Format = Literal["hf", "gguf", "lora-gguf"]
+FORMATS: tuple[str, ...] = ("hf", "gguf", "lora-gguf")
+
+
+@dataclass(frozen=True)
+class RunPolicy:
+    """The trained policy a run folder holds.
+
+    Attributes:
+        kind: ``"full"`` (``policy/``) or ``"lora"`` (``adapter/``).
+        path: the ``policy/`` or ``adapter/`` directory.
+        base: the base model spec (``smollm2``, ``tiny``, a directory or a ``.gguf``); ``None`` if unknown.
+        seed: the run's seed (a ``tiny`` base is rebuilt from it).
+    """
+
+    kind: Literal["full", "lora"]
+    path: str
+    base: str | None
+    seed: int = 0
+
+    def base_gguf(self) -> str | None:
+        """The base model's GGUF file, when the base is one."""
+        if self.base == "smollm2":
+            from memagent.backends.models import smollm2_gguf_path
+
+            return smollm2_gguf_path()
+        return self.base if self.base and self.base.endswith(".gguf") else None
+
+
+def find_policy(run_dir: str | os.PathLike) -> RunPolicy:
+    """Locate the trained policy in a run folder (see the module docstring for the contract).
+
+    Raises:
+        ConfigError: the folder does not exist, holds neither ``policy/`` nor ``adapter/`` (the message says
+            what it holds instead), or an ``adapter/`` lacks its files or a known base model.
+    """
+    run = os.fspath(run_dir)
+    if not os.path.isdir(run):
+        raise ConfigError(f"run folder not found: {run!r}")
+    cfg: dict[str, Any] = {}
+    cfg_path = os.path.join(run, "config.json")
+    if os.path.isfile(cfg_path):
+        with open(cfg_path, encoding="utf-8") as f:
+            cfg = json.load(f)
+    base = (cfg.get("model") or {}).get("path")
+    seed = int((cfg.get("run") or {}).get("seed", 0))
+    adapter, policy = os.path.join(run, "adapter"), os.path.join(run, "policy")
+    if os.path.isdir(adapter):
+        if not os.path.isfile(os.path.join(adapter, "adapter_config.json")) or not any(
+            os.path.isfile(os.path.join(adapter, f)) for f in ("adapter_model.safetensors", "adapter_model.bin")
+        ):
+            raise ConfigError(f"{adapter} is not a peft adapter: it needs adapter_config.json and "
+                              "adapter_model.safetensors (peft's save_pretrained)")
+        if base is None:
+            with open(os.path.join(adapter, "adapter_config.json"), encoding="utf-8") as f:
+                base = json.load(f).get("base_model_name_or_path")
+        if not base:
+            raise ConfigError(f"{run} has an adapter but no base model: neither config.json's model.path nor the "
+                              "adapter's base_model_name_or_path names one")
+        return RunPolicy("lora", adapter, base, seed)
+    if os.path.isfile(os.path.join(policy, "config.json")):
+        return RunPolicy("full", policy, base, seed)
+    held = sorted(os.listdir(run))
+    hint = (" It has checkpoints/ only: a run stopped before its last step; resume it to the end "
+            "(memagent train with the same config) to get policy/.") if "checkpoints" in held else ""
+    raise ConfigError(f"{run} holds no trained policy: expected policy/ (an HF model directory, written when "
+                      f"training finishes) or adapter/ (a peft LoRA adapter); it holds {held or 'nothing'}.{hint}")
+
+
+def load_base(policy: RunPolicy) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` of a LoRA run's base model, in float32.
+
+    Raises:
+        ConfigError: the base cannot be found or loaded.
+    """
+    from memagent.backends.hf import load_hf_model
+
+    if policy.base == "tiny":
+        from memagent.train.tiny import make_tiny_model, make_tiny_tokenizer
+
+        tok = make_tiny_tokenizer()
+        return make_tiny_model(tok, seed=policy.seed), tok
+    path = policy.base_gguf() or policy.base
+    if not path or not os.path.exists(path):
+        raise ConfigError(f"the base model {policy.base!r} of {policy.path} is not a local file or directory; export "
+                          "needs the base weights (model.path in the run's config.json)")
+    return load_hf_model(path, "float32")
+
+
+def load_policy_model(policy: RunPolicy) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` of the trained policy in float32, a LoRA adapter merged into its base."""
+    if policy.kind == "full":
+        from memagent.backends.hf import load_hf_model
+
+        return load_hf_model(policy.path, "float32")
+    try:
+        from peft import PeftModel
+    except ImportError as e:
+        raise ConfigError(f"exporting a LoRA run needs peft ({e}); pip install peft") from e
+    base, tok = load_base(policy)
+    merged = PeftModel.from_pretrained(base, policy.path).merge_and_unload()
+    return merged.eval(), tok
+
+
+def _base_shape(policy: RunPolicy):
+    """Layer and head counts of the base model, without loading its weights."""
+    from memagent.export.gguf_lora import LlamaShape
+
+    gguf_path = policy.base_gguf()
+    if gguf_path:
+        import gguf
+
+        fields = gguf.GGUFReader(gguf_path).fields
+        arch = fields["general.architecture"].contents()
+        if arch != "llama":
+            raise ConfigError(f"the base GGUF {gguf_path} is architecture {arch!r}; LoRA GGUF export supports llama")
+        heads = int(fields["llama.attention.head_count"].contents())
+        kv = fields.get("llama.attention.head_count_kv")
+        return LlamaShape(int(fields["llama.block_count"].contents()), heads, int(kv.contents()) if kv else heads)
+    return LlamaShape.from_hf_config(load_base(policy)[0].config)
+
+
+def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str = "hf", dtype: str = "f16") -> str:
+    """Export a run's trained policy.
+
+    Args:
+        run_dir: the run folder (module docstring).
+        out_dir: a new or empty directory to write into.
+        fmt: ``"hf"``, ``"gguf"`` or ``"lora-gguf"``.
+        dtype: GGUF matrix type, ``"f16"`` or ``"f32"`` (``gguf`` only; ``hf`` writes float32).
+
+    Returns:
+        What was written: the HF directory, ``OUT/model.gguf`` or ``OUT/adapter.gguf``.
+
+    Raises:
+        ConfigError: an unknown format, a non-empty ``out_dir``, a run without a policy, ``lora-gguf`` for a
+            run trained without LoRA, ``gguf`` for a base that is not a GGUF, or as the writers.
+    """
+    if fmt not in FORMATS:
+        raise ConfigError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    out = os.fspath(out_dir)
+    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+        raise ConfigError(f"--out {out!r} exists and is not an empty directory; choose a new folder")
+    policy = find_policy(run_dir)
+    if fmt == "lora-gguf" and policy.kind != "lora":
+        raise ConfigError(f"{os.fspath(run_dir)} was trained without LoRA (policy/ holds the full weights), so there "
+                          "is no adapter to export; use --format hf or --format gguf")
+    base_gguf = policy.base_gguf()
+    if fmt == "gguf" and base_gguf is None:
+        raise ConfigError(f"--format gguf copies the tokenizer and metadata of the base GGUF, but this run's base is "
+                          f"{policy.base!r}; export --format hf and convert that with llama.cpp's convert_hf_to_gguf.py")
+    os.makedirs(out, exist_ok=True)
+    if fmt == "lora-gguf":
+        from safetensors.torch import load_file
+
+        from memagent.export.gguf_lora import LoraScaling, write_lora_gguf
+
+        with open(os.path.join(policy.path, "adapter_config.json"), encoding="utf-8") as f:
+            scaling = LoraScaling.from_peft(json.load(f))
+        weights = os.path.join(policy.path, "adapter_model.safetensors")
+        if not os.path.isfile(weights):
+            raise ConfigError(f"{policy.path} holds adapter_model.bin; lora-gguf export reads adapter_model.safetensors")
+        return write_lora_gguf(load_file(weights), os.path.join(out, "adapter.gguf"), _base_shape(policy), scaling)
+    model, tok = load_policy_model(policy)
+    if fmt == "hf":
+        model.save_pretrained(out)
+        tok.save_pretrained(out)
+        return out
+    from memagent.export.gguf_model import write_model_gguf
+
+    return write_model_gguf(model.state_dict(), model.config, base_gguf, os.path.join(out, "model.gguf"), dtype)

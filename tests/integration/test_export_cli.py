@@ -1,0 +1,36 @@
+"""`memagent train` then `memagent export` on the tiny model: the run folder the trainer writes is exportable."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from typer.testing import CliRunner  # noqa: E402
+
+
+def test_a_finished_run_exports_as_an_hf_model(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from memagent.cli import app
+
+    run, out = tmp_path / "run", tmp_path / "hf"
+    n = torch.get_num_threads()
+    try:
+        res = CliRunner().invoke(app, [
+            "train", "--config", "configs/train_cpu_small.yaml", f"run.output_dir={run}", "run.total_steps=1",
+            "run.val_before_train=false", "run.val_every=0", "run.torch_threads=1", "rl.group_size=2",
+            "data.synthetic_context_words=12", "agent.chunk_tokens=48", "agent.memory_tokens=4",
+            "agent.final_tokens=4", "run.tensorboard=false",
+        ])
+        assert res.exit_code == 0, res.output
+        res = CliRunner().invoke(app, ["export", str(run), "--out", str(out)])
+        assert res.exit_code == 0, res.output
+        assert res.stdout.strip() == str(out)
+        want = AutoModelForCausalLM.from_pretrained(run / "policy").state_dict()
+        got = AutoModelForCausalLM.from_pretrained(out).state_dict()
+    finally:
+        torch.set_num_threads(n)
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+    assert AutoTokenizer.from_pretrained(out).chat_template
+    res = CliRunner().invoke(app, ["export", str(run), "--out", str(tmp_path / "lora"), "--format", "lora-gguf"])
+    assert res.exit_code == 2 and "trained without LoRA" in res.output

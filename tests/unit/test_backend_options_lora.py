@@ -1,0 +1,42 @@
+"""The backend options for llama.cpp LoRA adapters and the batched llama.cpp backend (no model is loaded)."""
+
+import pytest
+
+from memagent.backends.factory import BackendOptions
+from memagent.errors import ConfigError
+from memagent.eval.grid import EvalConfig
+
+
+def test_llamacpp_backends_take_lora_path_and_the_same_window_rule():
+    assert BackendOptions(backend="llamacpp-batch", model="m.gguf", threads=2, lora_path="a.gguf").settings() == {
+        "name": "llamacpp-batch", "n_ctx": 8192, "model_path": "m.gguf", "n_threads": 2, "lora_path": "a.gguf"}
+    assert BackendOptions(lora_path="a.gguf", n_ctx=1024).settings() == {
+        "name": "llamacpp", "n_ctx": 1024, "lora_path": "a.gguf"}
+    assert BackendOptions().settings() == {"name": "llamacpp", "n_ctx": 8192}  # no lora_path key when unset
+
+
+@pytest.mark.parametrize("backend, extra", [("hf", {"model": "d"}), ("scripted", {}),
+                                            ("openai", {"model": "m", "base_url": "http://x/v1"})])
+def test_lora_is_refused_by_backends_that_cannot_apply_it(backend, extra):
+    with pytest.raises(ConfigError, match=f"--lora is not used by --backend {backend}.*llamacpp-batch"):
+        BackendOptions(backend=backend, lora_path="a.gguf", **extra).settings()
+
+
+def test_lora_path_is_in_the_method_hash_only_when_given():
+    grid = {"backend": {"name": "llamacpp", "n_ctx": 8192},
+            "methods": [{"name": "base", "chunk_tokens": 512},
+                        {"name": "rl", "chunk_tokens": 512, "backend": {"lora_path": "runs/a/adapter.gguf"}},
+                        {"name": "rl2", "chunk_tokens": 512, "backend": {"lora_path": "runs/b/adapter.gguf"}}],
+            "tasks": [{"name": "niah_single_2", "lengths": [2048]}]}
+    cfg = EvalConfig.from_dict(grid)
+    base, rl, rl2 = (cfg.method_hash(m) for m in cfg.methods)
+    assert len({base, rl, rl2}) == 3
+    assert cfg.backend_for(cfg.methods[1]) == {"name": "llamacpp", "n_ctx": 8192, "lora_path": "runs/a/adapter.gguf"}
+    alone = EvalConfig.from_dict({**grid, "methods": grid["methods"][:1]})
+    assert alone.method_hash(alone.methods[0]) == base  # adding an adapter method leaves the others' hashes
+
+
+def test_existing_grids_keep_their_method_hashes():
+    cfg = EvalConfig.from_yaml("configs/eval_ruler_rl.yaml")
+    assert {m.name: cfg.method_hash(m) for m in cfg.methods} == {"memagent_base": "5012b5fc9907",
+                                                                  "direct": "fb7a0e2af24c"}

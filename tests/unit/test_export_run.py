@@ -1,0 +1,137 @@
+"""``memagent export`` on tiny runs: the run-folder contract, its refusals, the hf and lora-gguf formats."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from memagent.errors import ConfigError
+from memagent.export.run import export_run, find_policy
+
+torch = pytest.importorskip("torch")
+peft = pytest.importorskip("peft")
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+IDS = torch.tensor([[5, 17, 99, 3, 250, 42, 7]])
+
+
+def _config(run, base="tiny", seed=0):
+    run.mkdir(exist_ok=True)
+    (run / "config.json").write_text(json.dumps({"model": {"path": base}, "run": {"seed": seed}}))
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    """A tiny LoRA run: base = tiny model of seed 3, a random non-zero adapter on q, k, v, o and up."""
+    from memagent.train.tiny import make_tiny_model, make_tiny_tokenizer
+
+    run = tmp_path_factory.mktemp("lora_run")
+    _config(run, seed=3)
+    tok = make_tiny_tokenizer()
+    base = make_tiny_model(tok, seed=3)
+    with torch.no_grad():
+        base_logits = base(IDS).logits
+    cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "up_proj"])
+    pm = peft.get_peft_model(base, cfg)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in pm.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+        logits = pm(IDS).logits
+    pm.save_pretrained(run / "adapter")
+    return run, logits, base_logits
+
+
+def test_missing_and_empty_runs_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="run folder not found"):
+        find_policy(tmp_path / "nope")
+    (tmp_path / "checkpoints").mkdir()
+    with pytest.raises(ConfigError, match=r"holds no trained policy.*\['checkpoints'\].*resume it to the end"):
+        find_policy(tmp_path)
+
+
+def test_an_adapter_folder_without_weights_is_refused(tmp_path):
+    (tmp_path / "adapter").mkdir()
+    (tmp_path / "adapter" / "adapter_config.json").write_text("{}")
+    with pytest.raises(ConfigError, match="needs adapter_config.json and adapter_model.safetensors"):
+        find_policy(tmp_path)
+
+
+def test_full_run_exports_hf_with_the_same_logits(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from memagent.train.tiny import save_tiny
+
+    run = tmp_path / "run"
+    _config(run)
+    save_tiny(run / "policy", seed=1)
+    out = export_run(run, tmp_path / "out", "hf")
+    with torch.no_grad():
+        want = AutoModelForCausalLM.from_pretrained(run / "policy")(IDS).logits
+        got = AutoModelForCausalLM.from_pretrained(out)(IDS).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert (tmp_path / "out" / "tokenizer.json").is_file()
+
+
+def test_full_run_refuses_lora_gguf_and_gguf_without_a_gguf_base(tmp_path):
+    from memagent.train.tiny import save_tiny
+
+    run = tmp_path / "run"
+    _config(run)
+    save_tiny(run / "policy")
+    with pytest.raises(ConfigError, match="trained without LoRA"):
+        export_run(run, tmp_path / "a", "lora-gguf")
+    with pytest.raises(ConfigError, match="base GGUF, but this run's base is 'tiny'"):
+        export_run(run, tmp_path / "b", "gguf")
+    with pytest.raises(ConfigError, match="--format must be one of"):
+        export_run(run, tmp_path / "c", "onnx")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("keep me")
+    with pytest.raises(ConfigError, match="not an empty directory"):
+        export_run(run, tmp_path / "full", "hf")
+    assert (tmp_path / "full" / "x").read_text() == "keep me"
+
+
+def test_lora_run_exports_a_merged_hf_model(lora_run, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    run, logits, base_logits = lora_run
+    out = export_run(run, tmp_path / "hf", "hf")
+    with torch.no_grad():
+        got = AutoModelForCausalLM.from_pretrained(out)(IDS).logits
+    assert (got - base_logits).abs().max() > 0.05  # the adapter is in
+    torch.testing.assert_close(got, logits, rtol=0, atol=1e-5)
+    assert not any(p.name.startswith("adapter") for p in (tmp_path / "hf").iterdir())  # a plain model
+
+
+def test_lora_run_exports_the_adapter_as_llama_cpp_lora(lora_run, tmp_path):
+    gguf = pytest.importorskip("gguf")
+    from safetensors.torch import load_file
+
+    from memagent.export.gguf_lora import rope_permute
+
+    run, _, _ = lora_run
+    path = export_run(run, tmp_path / "lora", "lora-gguf")
+    r = gguf.GGUFReader(path)
+    assert r.fields["adapter.type"].contents() == "lora"
+    assert r.fields["adapter.lora.alpha"].contents() == 8.0
+    tensors = {t.name: np.array(t.data) for t in r.tensors}
+    assert len(tensors) == 2 * 5 * 2  # 2 layers x 5 modules x (a, b)
+    saved = load_file(run / "adapter" / "adapter_model.safetensors")
+    b_q = saved["base_model.model.model.layers.1.self_attn.q_proj.lora_B.weight"].numpy()
+    np.testing.assert_array_equal(tensors["blk.1.attn_q.weight.lora_b"], rope_permute(b_q, 4))
+    a_up = saved["base_model.model.model.layers.0.mlp.up_proj.lora_A.weight"].numpy()
+    np.testing.assert_array_equal(tensors["blk.0.ffn_up.weight.lora_a"], a_up)
+
+
+def test_export_command_reports_refusals(tmp_path):
+    from typer.testing import CliRunner
+
+    from memagent.cli import app
+
+    res = CliRunner().invoke(app, ["export", str(tmp_path), "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2
+    assert "holds no trained policy" in res.output
