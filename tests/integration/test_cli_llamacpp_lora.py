@@ -72,3 +72,18 @@ def test_eval_method_with_an_adapter_runs_on_its_own_backend(tmp_path, smollm2_l
     # greedy: both samples answer alike within a method; the adapter changes what the model wrote
     assert by[("base", "s0")]["response"] == by[("base", "s1")]["response"]
     assert by[("base", "s0")]["response"] != by[("rl", "s0")]["response"]
+
+
+def test_a_resume_with_another_adapter_is_refused(tmp_path, smollm2_lora, make_smollm2_lora):
+    inp = tmp_path / "in.jsonl"
+    inp.write_text(json.dumps({"id": "a", "question": "What is the secret code?", "context": DOC}) + "\n")
+    out = tmp_path / "preds.jsonl"
+    other = tmp_path / "other" / "random.gguf"  # the same file name in another folder
+    other.parent.mkdir()
+    make_smollm2_lora(other, seed=1)
+    base = ["run", "-i", str(inp), "-o", str(out), "--chunk-tokens", "100", "--memory-tokens", "16",
+            "--final-tokens", "8", "--n-ctx", "1024", "--temperature", "0", "--threads", "1"]
+    r = CliRunner().invoke(app, base + ["--lora", smollm2_lora])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(app, base + ["--lora", str(other), "--resume"])
+    assert r.exit_code != 0 and "backend" in r.output and str(other) in r.output, r.output

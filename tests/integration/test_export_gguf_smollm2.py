@@ -141,3 +141,32 @@ def test_dequantized_copy_holds_the_weights_transformers_loads(ground_truth, ggu
     copy = write_dequantized_gguf(gguf_path, tmp_path / "dequantized-f32.gguf", "f32")
     # the same bits as the F32 file written from transformers' (un-permuted, then re-permuted) weights
     np.testing.assert_array_equal(_llama_logits(copy, gt["ids"]), _llama_logits(gt["f32"], gt["ids"]))
+
+
+def test_an_exported_adapter_changes_the_answers_of_memagent_run(ground_truth, tmp_path):
+    """`memagent export --format lora-gguf`, then `memagent run --backend llamacpp --lora` with it."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from memagent.cli import app
+
+    run = tmp_path / "lora_run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"model": {"path": "smollm2"}, "run": {"seed": 0}}))
+    ground_truth["peft_model"].save_pretrained(run / "adapter")
+    res = CliRunner().invoke(app, ["export", str(run), "--out", str(tmp_path / "lora"), "--format", "lora-gguf"])
+    assert res.exit_code == 0, res.output
+    adapter = tmp_path / "lora" / "adapter.gguf"
+    assert res.stdout.strip() == str(adapter)
+    doc = tmp_path / "doc.txt"
+    doc.write_text("The lighthouse keeper wrote the code 4417 on the wall. " * 4)
+    answers = []
+    for extra in ([], ["--lora", str(adapter)]):
+        trace = tmp_path / f"trace{len(extra)}.jsonl"
+        res = CliRunner().invoke(app, ["run", "-q", "What code did the keeper write?", "-d", str(doc), "--chunk-tokens",
+                                       "64", "--memory-tokens", "24", "--final-tokens", "12", "--n-ctx", "512",
+                                       "--temperature", "0", "--threads", "2", "--trace", str(trace), *extra])
+        assert res.exit_code == 0, res.output
+        answers.append([json.loads(x)["output"] for x in trace.read_text().splitlines()])
+    assert len(answers[0]) == len(answers[1]) >= 2 and answers[0] != answers[1]

@@ -50,7 +50,8 @@ class LlamaCppBackend:
             lora-gguf``), applied to every request (:meth:`load_adapter`); default none.
 
     Attributes:
-        name: ``"llamacpp:<GGUF file name>"``, with ``"+lora:<adapter file name>"`` when ``lora_path`` is given.
+        name: ``"llamacpp:<GGUF file name>"``, with ``"+lora:<lora_path>"`` when ``lora_path`` is given (what
+            ``memagent run --resume`` compares).
         context_tokens: ``n_ctx``.
         tokenizer: a :class:`~memagent.tokenization.LlamaCppTokenizer` over the same model.
         batched: True (one ``generate`` call takes a whole batch; requests run sequentially inside).
@@ -137,7 +138,7 @@ class LlamaCppBackend:
         except Exception:
             self.close()
             raise
-        self.name += f"+lora:{os.path.basename(os.fspath(lora_path))}"
+        self.name += f"+lora:{os.fspath(lora_path)}"  # the path: exported adapters are all named adapter.gguf
 
     def _own_context_tokens(self, n_ctx: int) -> int:
         """Size of the ``Llama`` object's own context: the one requests run in."""

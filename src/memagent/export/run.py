@@ -51,7 +51,7 @@ class RunPolicy:
     def base_gguf(self) -> str | None:
         """The base model's GGUF file, when the base is one."""
         if self.base == "smollm2":
-            from memagent.backends.models import smollm2_gguf_path
+            from memagent.embedded import smollm2_gguf_path
 
             return smollm2_gguf_path()
         return self.base if self.base and self.base.endswith(".gguf") else None

@@ -4,7 +4,7 @@ The trainer talks to an engine through two seams: :attr:`RolloutEngine.backend` 
 :class:`memagent.backends.base.Backend` that returns exact token ids, built through the one backend factory)
 and :meth:`RolloutEngine.sync` (bring the engine up to the policy's weights after an update or a resume).
 :func:`make_engine` picks one from ``run.rollout_engine``: ``hf`` (:class:`RolloutEngine`), ``vllm``
-(:class:`VLLMEngine`) or ``llamacpp`` (:class:`memagent.train.engine_llamacpp.LlamaCppEngine`, a batched
+(:class:`VLLMEngine`) or ``llamacpp`` (:class:`LlamaCppEngine`, a batched
 llama.cpp engine that gets the LoRA adapter pushed after each step). Another engine subclasses
 :class:`RolloutEngine` and is added there.
 
@@ -21,8 +21,10 @@ from typing import Any
 import torch
 
 from memagent.backends.factory import open_backend
+from memagent.errors import ConfigError
 from memagent.train.config import TrainConfig
 from memagent.train.distributed import DistInfo, barrier
+from memagent.train.engine_llamacpp import base_gguf_source, cached_f16_base, rollout_window_tokens
 
 
 class RolloutEngine:
@@ -100,14 +102,61 @@ class VLLMEngine(RolloutEngine):
             self.backend.load_weights((n, p.detach()) for n, p in self.rollout_policy.named_parameters())
 
 
-def _llamacpp_engine() -> type[RolloutEngine]:
-    from memagent.train.engine_llamacpp import LlamaCppEngine  # its module subclasses RolloutEngine: imported late
+class LlamaCppEngine(RolloutEngine):
+    """Rollouts on a batched llama.cpp engine over an F16 copy of the base GGUF, the LoRA adapter pushed after
+    every update (``run.rollout_engine=llamacpp``; see :mod:`memagent.train.engine_llamacpp`). Arguments as
+    :class:`RolloutEngine`; ``policy`` must be a ``peft.PeftModel`` (LoRA training).
 
-    return LlamaCppEngine
+    Attributes:
+        base_path: the F16 base GGUF the engine runs.
+        adapter_path: where :meth:`sync` writes the adapter GGUF.
+
+    Raises:
+        ConfigError: full fine-tuning (not a peft model), FSDP, or a policy that does not come from a GGUF.
+    """
+
+    def __init__(self, cfg, dist, policy: torch.nn.Module, tokenizer: Any, fsdp: bool):
+        if getattr(policy, "peft_config", None) is None:
+            raise ConfigError("run.rollout_engine=llamacpp pushes the policy's LoRA adapter into llama.cpp after every "
+                              "update, so it trains LoRA only; turn LoRA on (model.lora.enabled=true) or use "
+                              "run.rollout_engine hf for full fine-tuning")
+        if fsdp:
+            raise ConfigError("run.rollout_engine=llamacpp does not run under FSDP (the adapter would be sharded); "
+                              "use run.distributed ddp or run.rollout_engine hf")
+        self.folder = os.path.join(cfg.run.output_dir, "rollout")
+        self.adapter_path = os.path.join(self.folder, f"adapter.rank{dist.rank}.gguf" if dist.enabled else "adapter.gguf")
+        source = base_gguf_source(cfg.model.path)
+        if dist.is_main:
+            cached_f16_base(source, self.folder)
+        barrier()
+        self.base_path = os.path.join(self.folder, "base-f16.gguf")
+        super().__init__(cfg, dist, policy, tokenizer, fsdp)
+        self.sync()  # the adapter as it starts (a fresh LoRA is a no-op, a loaded one is not)
+
+    def build_backend(self):
+        """A :class:`~memagent.backends.llamacpp_batch.BatchedLlamaCppBackend` on :attr:`base_path`, one sequence
+        per sample the agent advances together, keeping stop tokens."""
+        model_window = getattr(getattr(self.policy, "config", None), "max_position_embeddings", None)
+        backend, _ = open_backend({
+            "name": "llamacpp-batch", "model_path": self.base_path,
+            "n_ctx": rollout_window_tokens(self.cfg, model_window), "n_parallel": self.cfg.agent.rollout.batch_size,
+            "n_threads": self.cfg.run.torch_threads, "seed": self.cfg.run.seed + self.dist.rank,
+            "keep_stop_token": True})
+        pad = self.tokenizer.pad_token_id
+        backend.pad_id = pad if pad is not None else self.tokenizer.eos_token_id  # training batches' padding
+        return backend
+
+    def sync(self) -> None:
+        """Write the policy's adapter as a llama.cpp LoRA GGUF and push it into the engine."""
+        from memagent.export.gguf_lora import write_peft_lora_gguf
+
+        os.makedirs(self.folder, exist_ok=True)
+        write_peft_lora_gguf(self.policy, self.adapter_path)
+        self.backend.load_adapter(self.adapter_path)
 
 
-#: ``run.rollout_engine`` -> a function returning the engine class.
-ENGINES = {"hf": lambda: RolloutEngine, "vllm": lambda: VLLMEngine, "llamacpp": _llamacpp_engine}
+#: ``run.rollout_engine`` -> engine class.
+ENGINES = {"hf": RolloutEngine, "vllm": VLLMEngine, "llamacpp": LlamaCppEngine}
 
 
 def make_engine(cfg: TrainConfig, dist: DistInfo, policy: torch.nn.Module, tokenizer: Any, fsdp: bool) -> RolloutEngine:
@@ -116,4 +165,4 @@ def make_engine(cfg: TrainConfig, dist: DistInfo, policy: torch.nn.Module, token
     Raises:
         ConfigError: the engine cannot serve this run (e.g. ``llamacpp`` with full fine-tuning).
     """
-    return ENGINES[cfg.run.rollout_engine]()(cfg, dist, policy, tokenizer, fsdp)
+    return ENGINES[cfg.run.rollout_engine](cfg, dist, policy, tokenizer, fsdp)
