@@ -67,7 +67,8 @@ def rollout(backend, samples, cfg, templates) -> dict[str, float]:
     return {"generated": gen, "prompt": prompt, "wall_s": wall, "cpu_s": cpu, "turns": sum(len(t.turns) for t in trajs)}
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line of this benchmark (``benchmarks/train_step.py`` reuses it for its rollout half)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one repeat of 2 questions x G=4 (a few minutes)")
     ap.add_argument("--questions", type=int, default=2)
@@ -84,7 +85,11 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="GGUF (default: SmolLM2-135M-Instruct Q4_1)")
     ap.add_argument("--engine-dtype", default="same", choices=["same", "f16", "f32"],
                     help="batched backend only: run on a dequantized F16/F32 copy of the model (the training base)")
-    args = ap.parse_args()
+    return ap
+
+
+def measure(args: argparse.Namespace) -> float:
+    """Run the side-by-side rollout measurement; print its lines and return ``rollout_vs_engine`` (wall clock)."""
     repeats = 1 if args.quick else args.repeats
 
     from memagent.agent.loop import AgentConfig
@@ -142,7 +147,11 @@ def main() -> None:
     if scratch:
         shutil.rmtree(scratch)
     print(f"ratio (CPU time) rollout_vs_engine_cpu={cpu:.2f}")
-    print(f"ratio rollout_vs_engine={wall:.2f}")
+    return wall
+
+
+def main() -> None:
+    print(f"ratio rollout_vs_engine={measure(parser().parse_args()):.2f}")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,9 @@ Run::
     python benchmarks/train_step.py --fwd-bwd 1024   # float32 vs bf16 autocast, one forward+backward
     python benchmarks/train_step.py --trainer-step rl.group_size=8   # the real trainer: rollout + update
 
-The last line is ``ratio update_vs_plain=<x> rollout_vs_engine=<y|na>``.
+The last line is ``ratio update_vs_plain=<x> rollout_vs_engine=<y|na>``: ``y`` from ``benchmarks/rollout_engine.py``
+(batched llama.cpp rollouts on the F16 training base vs single-stream llama.cpp, same process; ``na`` for
+models other than smollm2 or with ``--no-rollout``).
 """
 
 from __future__ import annotations
@@ -156,6 +158,9 @@ def main() -> None:
                     help="only time one forward+backward of TOKENS tokens: float32 vs bf16 autocast, full vs LoRA")
     ap.add_argument("--trainer-step", action="store_true", help="time the real trainer's step instead")
     ap.add_argument("--steps", type=int, default=2, help="--trainer-step: steps; all but the first are averaged")
+    ap.add_argument("--no-rollout", dest="rollout", action="store_false",
+                    help="skip the rollout half (benchmarks/rollout_engine.py: batched llama.cpp on the F16 training "
+                         "base vs single-stream llama.cpp, same process)")
     ap.add_argument("overrides", nargs="*", help="--trainer-step: dotted training-config overrides")
     args = ap.parse_args()
     if args.quick:
@@ -173,7 +178,14 @@ def main() -> None:
         print("ratio update_vs_plain=na rollout_vs_engine=na")
         return
     ratio = update_levers(args)
-    print(f"ratio update_vs_plain={ratio:.2f} rollout_vs_engine=na")
+    rollout = "na"
+    if args.rollout and args.model == "smollm2":
+        import rollout_engine
+
+        r_args = rollout_engine.parser().parse_args(["--engine-dtype", "f16", "--threads", str(args.threads)]
+                                                    + (["--quick"] if args.quick else []))
+        rollout = f"{rollout_engine.measure(r_args):.2f}"
+    print(f"ratio update_vs_plain={ratio:.2f} rollout_vs_engine={rollout}")
 
 
 if __name__ == "__main__":
