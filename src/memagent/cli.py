@@ -136,6 +136,7 @@ def run(
     from memagent.agent.loop import MemoryAgent
     from memagent.runfiles import output_lock, trace_rows
 
+    agent_config = _with_policy(agent_config, backend_options)
     with contextlib.ExitStack() as held:
         try:
             samples = _run_samples(question, document, input, output, trace, resume, allow_binary)
@@ -236,8 +237,8 @@ def _report_run(samples, trajs, single: bool, output, settings, trace) -> None:
 
 # -------------------------------------------------------------------------------------------- demo
 #: demo's agent options: a small memory cap (a 135M model tends to repeat itself up to the cap).
-DEMO_AGENT = agent_group(only=("chunk_tokens", "memory_tokens", "final_tokens", "seed"),
-                         defaults={"memory_tokens": 256, "final_tokens": 128},
+DEMO_DEFAULTS = {"memory_tokens": 256, "final_tokens": 128}
+DEMO_AGENT = agent_group(only=("chunk_tokens", "memory_tokens", "final_tokens", "seed"), defaults=DEMO_DEFAULTS,
                          help={"memory_tokens": "memory cap in tokens (small: a 135M model tends to repeat itself up to the cap)"})
 
 
@@ -245,12 +246,19 @@ DEMO_AGENT = agent_group(only=("chunk_tokens", "memory_tokens", "final_tokens", 
 @with_settings(DEMO_AGENT, BACKEND)
 def demo(
     data_root: Optional[Path] = DATA_ROOT,
-    index: int = typer.Option(0, "--index", min=0, help="which HotpotQA dev question (position in the dev subset)"),
-    target_tokens: int = typer.Option(30000, "--target-tokens", min=1, help="document length in tokens (gold paragraphs hidden among distractors)"),
+    index: int = typer.Option(0, "--index", min=0, help="which HotpotQA dev question (position in the dev subset), or which RULER sample"),
+    target_tokens: int = typer.Option(30000, "--target-tokens", min=1, help="document length in tokens (gold paragraphs hidden among distractors; with --ruler, the RULER length)"),
     trace: Optional[Path] = typer.Option(None, "--trace", help="write every turn as JSONL"),
+    ruler: Optional[str] = typer.Option(None, "--ruler", help="instead of HotpotQA, a RULER document of this task (e.g. niah_single_2, niah_multikey_1); with --lora, the untrained and the trained agent read it side by side"),
     agent_config=None, backend_options=None,
 ):
-    """Read a real HotpotQA question's paragraphs hidden in ~30K tokens of distractors; show memory and answer."""
+    """Read a real HotpotQA question's paragraphs hidden in ~30K tokens of distractors; show memory and answer.
+
+    With ``--ruler TASK --lora ruler-niah``: a RULER document read by the untrained model and by the trained
+    policy shipped in the package, their memories side by side after every chunk."""
+    agent_config = _with_policy(agent_config, backend_options, DEMO_DEFAULTS)
+    if ruler is not None:
+        return _demo_ruler(ruler, target_tokens, index, data_root, trace, agent_config, backend_options)
     from memagent.agent.loop import MemoryAgent
     from memagent.chunking import chunk_text
     from memagent.data.hotpotqa import demo_sample
@@ -303,6 +311,62 @@ def demo(
     typer.echo(f"{len(traj.turns)} calls, {traj.seconds:.1f} s of model time")
 
 
+def _with_policy(agent_config, backend_options, defaults: dict | None = None):
+    """``--lora NAME`` of a packaged policy: its trained agent settings for the options left at their defaults."""
+    import dataclasses
+
+    from memagent.agent.config import AgentConfig
+    from memagent.policies import agent_overrides
+
+    fields = [f.name for f in dataclasses.fields(AgentConfig)]
+    base = {**{k: getattr(AgentConfig(), k) for k in fields}, **(defaults or {})}
+    try:
+        changes = agent_overrides(backend_options.lora_path, {k: getattr(agent_config, k) for k in fields}, base)
+    except MemagentError as e:
+        _fail(e)
+    if changes:
+        typer.echo(f"policy {backend_options.lora_path}: with the settings it was trained with: "
+                   + ", ".join(f"{k}={v}" for k, v in changes.items()), err=True)
+    return dataclasses.replace(agent_config, **changes)
+
+
+def _demo_ruler(task, length, index, data_root, trace, agent_config, backend_options) -> None:
+    """``demo --ruler``: one RULER sample, read by the untrained model and (with ``--lora``) the trained one."""
+    import dataclasses
+
+    from memagent.agent.loop import MemoryAgent
+    from memagent.chunking import chunk_text
+    from memagent.data.ruler import build_ruler_sample
+    from memagent.eval.demo import Column, evidence_chunks, side_by_side
+    from memagent.runfiles import write_trace
+
+    variants = [("untrained", dataclasses.replace(backend_options, lora_path=None))]
+    if backend_options.lora_path:
+        variants.append((f"trained: {backend_options.lora_path}", backend_options))
+    columns = []
+    try:
+        for label, options in variants:
+            b, tok = _open_backend(options)
+            agent = MemoryAgent(b, agent_config, tokenizer=tok)
+            if not columns:
+                sample = build_ruler_sample(task, length, index, agent.tokenizer, data_root=None if data_root is None else str(data_root))
+                chunks = chunk_text(sample.context, agent.tokenizer, agent_config.chunk_tokens)
+                typer.secho(f"Question: {sample.question}", bold=True)
+                typer.echo(f"Document: RULER {task}, {length} tokens -> {len(chunks)} chunks of <= {agent_config.chunk_tokens} "
+                           f"tokens; memory <= {agent_config.memory_tokens} tokens; templates {agent_config.templates or 'default'}")
+            typer.secho(f"reading with the {label} model ...", dim=True)
+            traj = agent.run([sample])[0]
+            b.close()
+            if traj.error:
+                raise MemagentError(traj.error)
+            columns.append(Column(label.split(":")[0], traj))
+    except MemagentError as e:
+        _fail(e)
+    if trace:
+        write_trace(trace, [c.trajectory for c in columns])
+    side_by_side(columns, list(sample.answers), evidence_chunks(sample, chunks), echo=typer.echo)
+
+
 def _chunks_holding(sample, chunks) -> list[int]:
     """0-based indices of the chunks in which the sample's gold paragraphs (``Document i:``) start."""
     found = set()
@@ -316,7 +380,7 @@ def _chunks_holding(sample, chunks) -> list[int]:
 # ---------------------------------------------------------------------------------------------- ls
 @app.command("ls")
 def ls():
-    """List registered backends, verifiers and benchmark tasks."""
+    """List registered backends, verifiers, benchmark tasks and the trained policies shipped in the package."""
     from memagent.backends import BACKENDS
 
     typer.echo("backends: " + ", ".join(BACKENDS.names()))
@@ -325,6 +389,9 @@ def ls():
 
     typer.echo("verifiers: " + ", ".join(VERIFIERS.names()))
     typer.echo("ruler tasks: " + ", ".join(TASKS.names() if hasattr(TASKS, "names") else sorted(TASKS)))
+    from memagent.policies import names as policy_names
+
+    typer.echo("packaged policies (--lora NAME): " + (", ".join(policy_names()) or "none"))
 
 
 def _mount_subcommands() -> None:

@@ -302,3 +302,28 @@ def test_run_holds_a_lock_on_its_output_so_a_second_resume_exits_2(tmp_path):
     assert out.read_bytes() == before
     r = _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted", "--resume")  # released: runs (nothing left)
     assert r.exit_code == 0 and "4 samples already in" in r.output and out.read_bytes() == before, r.output
+
+
+def test_demo_ruler_marks_the_needle_chunk_and_tests_each_memory_for_the_answer(data_root, tmp_path):
+    from memagent.chunking import chunk_text
+    from memagent.data.ruler import build_ruler_sample
+    from memagent.tokenization import load_tokenizer
+
+    sample = build_ruler_sample("niah_single_2", 2048, 0, load_tokenizer("bytes"), data_root=str(data_root))
+    chunks = chunk_text(sample.context, load_tokenizer("bytes"), 400)
+    needle_at = sample.metadata["evidence"][0]["start_char"]
+    k = next(c.index for c in chunks if c.start_char <= needle_at < c.end_char)
+    r = _run("demo", "-b", "scripted", "--ruler", "niah_single_2", "--target-tokens", "2048", "--chunk-tokens", "400",
+             "--data-root", str(data_root), "--trace", str(tmp_path / "t.jsonl"))
+    assert r.exit_code == 0, r.output
+    out = r.stdout
+    assert f"-> {len(chunks)} chunks of <= 400 tokens" in out
+    assert f"--- memory after chunk {k + 1}/{len(chunks)}   <- the needle is in this chunk" in out
+    assert out.count("<- the needle is in this chunk") == 1
+    assert "[untrained] (holds the answer)" not in out  # the scripted memory keeps first lines, not the needle
+    assert out.rstrip().endswith(f"gold: {sample.answers[0]}")
+
+
+def test_run_lora_of_an_unknown_policy_name_exits_2_listing_the_packaged_ones(tmp_path):
+    r = _run("run", "-q", "Q", "-d", "-", "--lora", "ruler-naih", "-b", "llamacpp", input="text")
+    assert r.exit_code == 2 and "no packaged policy 'ruler-naih'" in r.output, r.output

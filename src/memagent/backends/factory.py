@@ -39,7 +39,8 @@ class BackendOptions:
     concurrency: int = setting(8, "openai: requests in flight at once", min=1)
     threads: int | None = setting(None, "llamacpp, llamacpp-batch: CPU threads (default: all cores)", min=1)
     lora_path: str | None = setting(None, "llamacpp, llamacpp-batch: a llama.cpp LoRA adapter GGUF for the model, "
-                                    "e.g. from `memagent export RUN --format lora-gguf`", flag="--lora")
+                                    "e.g. from `memagent export RUN --format lora-gguf`, or the name of a policy "
+                                    "shipped in the package (`memagent policies`), e.g. ruler-niah", flag="--lora")
     timeout: float | None = setting(None, "openai: seconds per request attempt (default 600)", min=0.1)
     max_retries: int | None = setting(None, "openai: retries after a failed attempt (429/5xx, connection errors, "
                                       "timeouts; default 4)", min=0)
@@ -104,8 +105,12 @@ def open_backend(settings: Mapping[str, Any], tokenizer: Any = None, check_reach
     """
     from memagent.backends import make_backend
 
+    from memagent.policies import resolve_lora
+
     kwargs = {k: v for k, v in settings.items() if k != "name"}
     name = settings["name"]
+    if kwargs.get("lora_path") is not None:  # a packaged policy's name -> its adapter file
+        kwargs["lora_path"] = resolve_lora(str(kwargs["lora_path"]))
     if name == "openai":
         if tokenizer is None and kwargs.get("tokenizer") is None:
             raise ConfigError("--backend openai needs --tokenizer (tokenizer.json, HF dir or .gguf of the served model; "
