@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -14,7 +15,7 @@ def export_command(
     out: Path = typer.Option(..., "--out", "-o", help="new or empty folder to write into"),
     fmt: str = typer.Option("hf", "--format", "-f", help="hf (model directory, LoRA merged) | gguf (OUT/model.gguf "
                             "for llama.cpp) | lora-gguf (OUT/adapter.gguf, llama.cpp's LoRA format)"),
-    dtype: str = typer.Option("f16", "--dtype", help="gguf: matrix type f16 | f32 (norms stay f32)"),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="tensor type f16 | f32; default f16 for gguf (a model's norms stay f32), f32 for lora-gguf (the adapter exactly; f16 halves the file)"),
 ) -> None:
     """Export a run's trained policy as an HF model directory, a GGUF, or a llama.cpp LoRA adapter."""
     from memagent.export.run import export_run

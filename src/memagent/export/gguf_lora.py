@@ -268,8 +268,9 @@ def write_lora_gguf(
     shape: LlamaShape,
     settings: LoraScaling,
     adapter_name: str | None = None,
+    dtype: str = "f32",
 ) -> str:
-    """Write a peft LoRA adapter as a llama.cpp LoRA adapter GGUF (float32 tensors), atomically.
+    """Write a peft LoRA adapter as a llama.cpp LoRA adapter GGUF (float32 or float16 tensors), atomically.
 
     An adapter with one rank and alpha keeps peft's ``A`` and ``B`` and writes ``adapter.lora.alpha`` (times
     ``sqrt(r)`` for rsLoRA, so llama.cpp's ``alpha / r`` equals peft's ``alpha / sqrt(r)``). An adapter with
@@ -282,12 +283,13 @@ def write_lora_gguf(
         shape: the base model's layer and head counts (:meth:`LlamaShape.from_hf_config`).
         settings: the adapter's scaling (:meth:`LoraScaling.from_peft`).
         adapter_name: which adapter of a live multi-adapter model.
+        dtype: ``"f32"`` or ``"f16"`` (half the file; what a shipped adapter uses).
 
     Returns:
         ``path`` as a string.
 
     Raises:
-        ConfigError: as :func:`lora_gguf_tensors`, or the gguf package is missing.
+        ConfigError: as :func:`lora_gguf_tensors`, an unknown ``dtype``, or the gguf package is missing.
 
     Source: llama.cpp ``src/llama-adapter.cpp`` (``general.type``, ``adapter.type``, ``adapter.lora.alpha``).
     """
@@ -295,6 +297,8 @@ def write_lora_gguf(
         import gguf
     except ImportError as e:
         raise ConfigError(f"writing GGUF files needs the gguf package ({e}); pip install gguf") from e
+    if dtype not in ("f32", "f16"):
+        raise ConfigError(f"LoRA GGUF dtype must be f32 or f16, got {dtype!r}")
     pairs = split_lora_state_dict(state_dict, adapter_name)
     scales = None
     alpha = settings.gguf_alpha()
@@ -310,7 +314,7 @@ def write_lora_gguf(
         writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
         writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(alpha))
         for name, array in tensors:
-            writer.add_tensor(name, array)
+            writer.add_tensor(name, array.astype(np.float16) if dtype == "f16" else array)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()

@@ -150,14 +150,15 @@ def _base_shape(policy: RunPolicy):
     return LlamaShape.from_hf_config(load_base(policy)[0].config)
 
 
-def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str = "hf", dtype: str = "f16") -> str:
+def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str = "hf", dtype: str | None = None) -> str:
     """Export a run's trained policy.
 
     Args:
         run_dir: the run folder (module docstring).
         out_dir: a new or empty directory to write into.
         fmt: ``"hf"``, ``"gguf"`` or ``"lora-gguf"``.
-        dtype: GGUF matrix type, ``"f16"`` or ``"f32"`` (``gguf`` only; ``hf`` writes float32).
+        dtype: GGUF tensor type, ``"f16"`` or ``"f32"`` (``None``: f16 for ``gguf``, f32 for ``lora-gguf``, which
+            keeps the adapter exactly; ``hf`` writes float32).
 
     Returns:
         What was written: the HF directory, ``OUT/model.gguf`` or ``OUT/adapter.gguf``.
@@ -190,7 +191,8 @@ def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str 
         weights = os.path.join(policy.path, "adapter_model.safetensors")
         if not os.path.isfile(weights):
             raise ConfigError(f"{policy.path} holds adapter_model.bin; lora-gguf export reads adapter_model.safetensors")
-        return write_lora_gguf(load_file(weights), os.path.join(out, "adapter.gguf"), _base_shape(policy), scaling)
+        return write_lora_gguf(load_file(weights), os.path.join(out, "adapter.gguf"), _base_shape(policy), scaling,
+                               dtype=dtype or "f32")
     model, tok = load_policy_model(policy)
     if fmt == "hf":
         model.save_pretrained(out)
@@ -198,4 +200,4 @@ def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str 
         return out
     from memagent.export.gguf_model import write_model_gguf
 
-    return write_model_gguf(model.state_dict(), model.config, base_gguf, os.path.join(out, "model.gguf"), dtype)
+    return write_model_gguf(model.state_dict(), model.config, base_gguf, os.path.join(out, "model.gguf"), dtype or "f16")
