@@ -40,13 +40,17 @@ def _fail(e: Exception) -> None:
     raise typer.Exit(2)
 
 
-def _read_document(document: str, allow_binary: bool = False) -> str:
-    """The document's text from a file or stdin (``-``), see :func:`memagent.data.io.read_document_text`."""
-    from memagent.data.io import read_document_text
+def _read_document(document: str, allow_binary: bool = False):
+    """The document from a file or stdin (``-``), read in pieces as the agent needs them
+    (:mod:`memagent.data.sources`; decoded as :func:`memagent.data.io.read_document_text` decodes)."""
+    from memagent.data.sources import FileText, StreamText
 
-    stdin = document == "-"
-    return read_document_text(sys.stdin.buffer.read() if stdin else document, "stdin" if stdin else document,
-                              allow_binary, warn=lambda m: typer.secho(f"warning: {m}", fg="yellow", err=True))
+    def warn(m: str) -> None:
+        typer.secho(f"warning: {m}", fg="yellow", err=True)
+
+    if document == "-":
+        return StreamText(sys.stdin.buffer, "stdin", allow_binary, warn)
+    return FileText(document, allow_binary, warn)
 
 
 def _check_paths(inputs: dict[str, Path | None], outputs: dict[str, Path | None]) -> None:

@@ -188,6 +188,16 @@ def test_each_document_is_tokenized_once_on_its_way_to_chunks():
                 Counting.calls += 1
             return super().encode_with_offsets(text)
 
+        def boundaries(self, text):  # the fast path the streaming chunker takes
+            if len(text) > 100:
+                Counting.calls += 1
+            return super().boundaries(text)
+
+        def encode(self, text):
+            if len(text) > 100:
+                Counting.calls += 1
+            return super().encode(text)
+
     doc = "0123456789" * 30
     agent = MemoryAgent(ScriptedBackend(), AgentConfig(chunk_tokens=64, max_context_tokens=101), tokenizer=Counting())
     traj = agent.answer("q?", doc)

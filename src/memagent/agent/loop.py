@@ -36,7 +36,7 @@ from memagent.agent.config import AgentConfig
 from memagent.agent.prompts import DEFAULT_TEMPLATES, PromptTemplates
 from memagent.answers import extract_answer, strip_reasoning
 from memagent.backends.base import DEFAULT_CHAT_OVERHEAD_TOKENS, Backend
-from memagent.chunking import chunk_document, source_ranges
+from memagent.chunking import ChunkStream, TextSource, source_ranges
 from memagent.errors import BackendError, ConfigError
 from memagent.runfiles.trace import prune_trace, trace_rows, write_trace  # noqa: F401 - moved there; older imports
 from memagent.tokenization import Tokenizer, count_tokens, lone_surrogate
@@ -45,16 +45,23 @@ from memagent.types import Chunk, Completion, Message, Request, Sample, Trajecto
 
 @dataclass
 class _State:
-    """Mutable progress of one sample inside the loop."""
+    """Mutable progress of one sample inside the loop: its chunks are cut as they are read (only the current
+    one is held)."""
 
     sample: Sample
-    chunks: list[Chunk]
-    document_tokens: int
-    kept: tuple[tuple[int, int], ...] = ()  # ranges of the sample's context the agent reads (center truncation)
+    chunks: ChunkStream
+    chunk: Chunk | None = None  # the chunk the next update reads; None once the document is read
     next_chunk: int = 0
     memory: str = ""
     turns: list[Turn] = field(default_factory=list)
     result: Trajectory | None = None
+
+    def advance(self) -> None:
+        self.chunk = next(self.chunks, None)
+
+    @property
+    def document_tokens(self) -> int:
+        return self.chunks.count_rest()
 
 
 TurnCallback = Callable[[Sample, Turn], None]
@@ -164,9 +171,10 @@ class MemoryAgent:
 
     # ------------------------------------------------------------------------------------------ loop
     def _prepare(self, sample: Sample) -> _State:
-        chunks, n, kept = chunk_document(sample.context, self.tokenizer, self.config.chunk_tokens,
-                                         self.config.max_context_tokens)
-        return _State(sample, chunks, n, kept)
+        st = _State(sample, ChunkStream(sample.context, self.tokenizer, self.config.chunk_tokens,
+                                        self.config.max_context_tokens))
+        st.advance()
+        return st
 
     def _seed(self, sample_id: str, turn: int) -> int | None:
         if self.config.seed is None:
@@ -176,8 +184,8 @@ class MemoryAgent:
     def _request(self, st: _State) -> Request:
         c, t, q = self.config, self.templates, st.sample.question
         turn = len(st.turns)
-        if st.next_chunk < len(st.chunks):
-            msgs = t.messages_update(q, st.memory, st.chunks[st.next_chunk].text)
+        if st.chunk is not None:
+            msgs = t.messages_update(q, st.memory, st.chunk.text)
             max_new, rid = c.memory_tokens, f"{st.sample.id}/chunk{st.next_chunk}"
         else:
             msgs = t.messages_final(q, st.memory)
@@ -185,8 +193,8 @@ class MemoryAgent:
         return Request(msgs, max_new, c.temperature, c.top_p, self._seed(st.sample.id, turn), rid, dict(self._sampling))
 
     def _apply(self, st: _State, req: Request, comp: Completion) -> Turn:
-        is_update = st.next_chunk < len(st.chunks)
-        chunk = st.chunks[st.next_chunk] if is_update else None
+        chunk = st.chunk
+        is_update = chunk is not None
         ok = comp.finish_reason != "error"
         if is_update and ok:
             st.memory = strip_reasoning(comp.text).strip()
@@ -200,7 +208,7 @@ class MemoryAgent:
             finish_reason=comp.finish_reason,
             seconds=comp.seconds,
             chunk_chars=(chunk.start_char, chunk.end_char) if chunk is not None else None,
-            context_chars=source_ranges(st.kept, chunk.start_char, chunk.end_char) if chunk is not None else None,
+            context_chars=_context_chars(st.chunks, chunk),
             prompt_token_ids=comp.prompt_token_ids,
             response_token_ids=comp.token_ids,
         )
@@ -215,6 +223,7 @@ class MemoryAgent:
                                    prompt_hash=self.templates.hash)
         elif is_update:
             st.next_chunk += 1
+            st.advance()
         else:
             ext = extract_answer(comp.text)
             st.result = Trajectory(s.id, s.question, tuple(st.turns), comp.text, ext.answer, ext.method,
@@ -247,12 +256,14 @@ class MemoryAgent:
                 hint = (" (a dict: convert it with memagent.data.schema.sample_from_dict, or read a file with "
                         "memagent.data.io.read_samples)") if isinstance(s, dict) else ""
                 raise ConfigError(f"samples[{k}] is a {type(s).__name__}, not a memagent Sample{hint}")
-            if not isinstance(s.question, str) or not isinstance(s.context, str):
+            if not isinstance(s.question, str) or not isinstance(s.context, (str, TextSource)):
                 raise ConfigError(f"sample {s.id}: question and document must be strings, got "
-                                  f"{type(s.question).__name__} and {type(s.context).__name__}")
+                                  f"{type(s.question).__name__} and {type(s.context).__name__} (a document may also be "
+                                  "a path or an iterable of text given to MemoryAgent.answer, or a TextSource)")
             if not s.question.strip():
                 raise ConfigError(f"sample {s.id}: the question is empty")
-            _refuse_lone_surrogate(s.context, f"sample {s.id}: the document")
+            if isinstance(s.context, str):  # a streamed document is checked block by block as it is read
+                _refuse_lone_surrogate(s.context, f"sample {s.id}: the document")
             self.check_budget(s.question, s.id)
         bars = _Bars(len(samples)) if progress else None
         run = self._run_lockstep if getattr(self.backend, "batched", True) else self._run_pipelined
@@ -264,19 +275,22 @@ class MemoryAgent:
 
     def _step(self, st: _State, req: Request, comp: Completion, on_turn, bars) -> bool:
         """Apply one completion; returns True when the sample is finished."""
+        was_update = st.chunk is not None
         turn = self._apply(st, req, comp)
         if on_turn:
             on_turn(st.sample, turn)
         if bars:
             bars.turn_done()
             if st.result is not None:
-                bars.sample_done(len(st.chunks) + 1 - len(st.turns))
+                bars.sample_done(1 if was_update else 0)  # a failed update: the final turn never runs
+            elif st.chunk is not None:  # the next chunk was cut: one more turn
+                bars.add_turns(1)
         return st.result is not None
 
     def _admit(self, sample: Sample, bars) -> _State:
         st = self._prepare(sample)
         if bars:
-            bars.add_turns(len(st.chunks) + 1)
+            bars.add_turns(1 + (st.chunk is not None))
         return st
 
     def _run_lockstep(self, samples, on_result, on_turn, bars) -> list[Trajectory]:
@@ -312,7 +326,7 @@ class MemoryAgent:
             st = self._admit(sample, None)
             if bars:
                 with lock:
-                    bars.add_turns(len(st.chunks) + 1)
+                    bars.add_turns(1 + (st.chunk is not None))
             while True:
                 req = self._request(st)
                 (comp,) = self._generate([req])
@@ -334,9 +348,28 @@ class MemoryAgent:
         share = (time.perf_counter() - t0) / max(len(requests), 1)
         return [c if c.seconds else _with_seconds(c, share) for c in comps]
 
-    def answer(self, question: str, document: str, sample_id: str = "0", **kwargs) -> Trajectory:
-        """Answer one question over one document (see :meth:`run` for keyword arguments)."""
-        return self.run([Sample(sample_id, question, document)], **kwargs)[0]
+    def answer(self, question: str, document, sample_id: str = "0", **kwargs) -> Trajectory:
+        """Answer one question over one document (see :meth:`run` for keyword arguments).
+
+        Args:
+            question: the question.
+            document: the text; or a path (``pathlib.Path``), a binary file object or an iterable of text
+                pieces, read in pieces as the chunks are needed (:func:`memagent.data.sources.document_source`), so
+                a document larger than memory streams.
+            sample_id: the trajectory's sample id.
+        """
+        from memagent.data.sources import document_source
+
+        return self.run([Sample(sample_id, question, document_source(document))], **kwargs)[0]
+
+
+def _context_chars(chunks: ChunkStream, chunk: Chunk | None) -> tuple[tuple[int, int], ...] | None:
+    """The ranges of the sample's context that ``chunk`` covers (two where it spans the truncation cut)."""
+    if chunk is None:
+        return None
+    if chunks.kept is None:  # not truncated (the length is not known yet): the chunk's own range
+        return ((chunk.start_char, chunk.end_char),)
+    return source_ranges(chunks.kept, chunk.start_char, chunk.end_char)
 
 
 def _refuse_lone_surrogate(text: str, what: str) -> None:
