@@ -141,7 +141,7 @@ def run(
     try:
         samples = _run_samples(question, document, input, output, trace, resume, allow_binary)
         b, tok = _open_backend(backend_options)
-        agent = MemoryAgent(b, agent_config, tokenizer=tok)
+        agent = MemoryAgent(b, agent_config, tokenizer=tok, keep_token_ids=False)
         for s in samples:  # every budget before any output file is touched
             agent.check_budget(s.question, s.id)
         settings = _run_settings(b, agent)

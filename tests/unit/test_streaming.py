@@ -213,3 +213,15 @@ def test_agent_answers_the_same_from_a_string_a_path_a_stream_and_an_iterator(tm
         assert [t.context_chars for t in got.turns] == [t.context_chars for t in base.turns]
     spans = [t.context_chars for t in base.turns if t.kind == "update"]
     assert len(spans) == 7 and len(spans[3]) == 2  # the fourth chunk spans the cut: two ranges of the document
+
+
+def test_token_ids_are_kept_only_when_asked():
+    from memagent.agent.loop import AgentConfig, MemoryAgent
+    from memagent.backends.scripted import ScriptedBackend
+
+    doc = "alpha beta gamma " * 20
+    kept = MemoryAgent(ScriptedBackend(), AgentConfig(chunk_tokens=100)).answer("q?", doc)
+    dropped = MemoryAgent(ScriptedBackend(), AgentConfig(chunk_tokens=100), keep_token_ids=False).answer("q?", doc)
+    assert len(kept.turns[0].prompt_token_ids) == kept.turns[0].prompt_tokens > 100  # the chunk's 100 bytes and more
+    assert all(t.prompt_token_ids is None and t.response_token_ids is None for t in dropped.turns)
+    assert [t.memory for t in kept.turns] == [t.memory for t in dropped.turns] and len(dropped.turns) == 5

@@ -76,6 +76,8 @@ class MemoryAgent:
         config: budgets and sampling (:class:`AgentConfig`).
         templates: the prompts; default the file ``config.templates`` names, else :data:`DEFAULT_TEMPLATES`.
         tokenizer: the model's tokenizer, used for chunking and budgets; default ``backend.tokenizer``.
+        keep_token_ids: keep each turn's exact prompt and response token ids (training needs them); without
+            them a trajectory holds only texts, so a sample's memory does not grow with its document.
 
     Raises:
         ConfigError: no tokenizer is available (servers need one passed explicitly), or the templates file
@@ -88,8 +90,10 @@ class MemoryAgent:
         config: AgentConfig | None = None,
         templates: PromptTemplates | None = None,
         tokenizer: Tokenizer | None = None,
+        keep_token_ids: bool = True,
     ):
         self.backend = backend
+        self.keep_token_ids = keep_token_ids
         self.config = config or AgentConfig()
         if templates is None:
             templates = PromptTemplates.from_file(self.config.templates) if self.config.templates else DEFAULT_TEMPLATES
@@ -209,8 +213,8 @@ class MemoryAgent:
             seconds=comp.seconds,
             chunk_chars=(chunk.start_char, chunk.end_char) if chunk is not None else None,
             context_chars=_context_chars(st.chunks, chunk),
-            prompt_token_ids=comp.prompt_token_ids,
-            response_token_ids=comp.token_ids,
+            prompt_token_ids=comp.prompt_token_ids if self.keep_token_ids else None,
+            response_token_ids=comp.token_ids if self.keep_token_ids else None,
         )
         st.turns.append(turn)
         s = st.sample

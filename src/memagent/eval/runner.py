@@ -267,7 +267,8 @@ class EvalRunner(RunFolder):
     def _make_agent(self, method: MethodConfig):
         from memagent.agent.loop import MemoryAgent
 
-        return MemoryAgent(self.backend_of(method), self.config.agent_for(method), tokenizer=self.tokenizer)
+        return MemoryAgent(self.backend_of(method), self.config.agent_for(method), tokenizer=self.tokenizer,
+                           keep_token_ids=False)
 
     def _direct(self, method: MethodConfig) -> DirectMethod:
         return DirectMethod(method, self.config.agent_for(method), self.backend_of(method), self.tokenizer)

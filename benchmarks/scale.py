@@ -1,0 +1,140 @@
+"""Scale benchmarks (issue 16): any length in bounded memory, the client at the server's speed, many servers.
+
+    python benchmarks/scale.py tokenize --tokens 8000 100000 1000000 3500000   # (a)
+    python benchmarks/scale.py fanout --concurrency 1 16 128 256                 # (b)
+    python benchmarks/scale.py failover                                          # (c)
+
+(a) The memory agent with a zero-cost model (the scripted backend, constant replies) and the SmolLM2 tokenizer
+    over one Gutenberg novel repeated to each length, chunk 5000: its wall time against the raw tokenizer's
+    (llama.cpp ``tokenize`` of the same text in one call) measured side by side in the same process, and the
+    peak resident memory the agent adds beyond the text (``VmHWM`` reset before the run). Each length runs in
+    its own process.
+(b) 128 samples of about 15K tokens (chunk 2000, memory 256) against a local fake OpenAI server (loopback, fixed
+    latency, unlimited parallelism) at C requests in flight: wall time against the bound (tokenizing every
+    document + turns x latency x ceil(samples / C)).
+(c) Two fake servers; one is killed mid-run: the run must end with every row ok and no row twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("MEMAGENT_DATA", REPO.parent / "shared" / "data"))
+NOVEL = DATA / "gutenberg_nltk" / "austen-emma.txt"
+
+
+def _vm(field: str) -> int:
+    """A ``/proc/self/status`` memory figure in bytes."""
+    return int(re.search(rf"{field}:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) * 1024
+
+
+def _reset_peak() -> None:
+    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current resident size
+
+
+def _trim() -> None:
+    """Give freed heap back to the system, so the baseline is what is really in use."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def _text_of(tok, tokens: int) -> str:
+    """The novel repeated and cut to about ``tokens`` tokens (at a token boundary of one copy)."""
+    one = NOVEL.read_text(encoding="utf-8")
+    bounds = tok.boundaries(one)
+    per = len(bounds) - 1
+    return one * (tokens // per) + one[: int(bounds[tokens % per])]
+
+
+def tokenize_one(tokens: int, chunk_tokens: int) -> dict:
+    """(a) for one length, in this process."""
+    import gc
+
+    from memagent.agent.loop import AgentConfig, MemoryAgent
+    from memagent.backends.scripted import ScriptedBackend
+    from memagent.tokenization import load_tokenizer
+    from memagent.types import Sample
+
+    tok = load_tokenizer("smollm2")
+    text = _text_of(tok, tokens)
+    tok._piece_lengths()  # the vocabulary table, read once per tokenizer (not per document)
+    gc.collect()
+    _trim()
+    base = _vm("VmRSS")
+    _reset_peak()
+    class Forgetful(ScriptedBackend):
+        """The scripted model without its record of every request (which holds every chunk's text)."""
+
+        turns = 0
+
+        def generate(self, requests):
+            out = super().generate(requests)
+            self.turns += len(self.calls[-1])
+            self.calls.clear()
+            return out
+
+    backend = Forgetful(responder=lambda r: "Nothing relevant yet.", context_tokens=16384)
+    agent = MemoryAgent(backend, AgentConfig(chunk_tokens=chunk_tokens, memory_tokens=256, final_tokens=64),
+                        tokenizer=tok, keep_token_ids=False)  # as memagent run and eval keep them
+    t0 = time.perf_counter()
+    traj = agent.run([Sample("0", "Whom does Emma try to match with Mr. Elton?", text)])[0]
+    agent_s = time.perf_counter() - t0
+    peak = _vm("VmHWM") - base
+    del traj
+    gc.collect()
+    t0 = time.perf_counter()
+    ids = tok._llama.tokenize(text.encode("utf-8"), add_bos=False, special=False)
+    raw_s = time.perf_counter() - t0
+    del ids
+    from memagent.stitching import string_pieces, text_blocks
+
+    t0 = time.perf_counter()
+    n_blocks = 0
+    for _, block in text_blocks(string_pieces(text)):  # the same text cut as the agent cuts it, tokens only
+        n_blocks += len(tok._llama.tokenize(block.encode("utf-8"), add_bos=False, special=False))
+    raw_blocks_s = time.perf_counter() - t0
+    ids_n = n_blocks
+    return {"raw_blocks_s": round(raw_blocks_s, 2), "ratio_blocks": round(agent_s / raw_blocks_s, 3),"tokens": ids_n, "chars": len(text), "text_mb": round(len(text.encode()) / 2**20, 1),
+            "agent_s": round(agent_s, 2), "raw_tokenizer_s": round(raw_s, 2), "ratio": round(agent_s / raw_s, 3),
+            "peak_growth_mb": round(peak / 2**20, 1), "turns": backend.turns}
+
+
+def cmd_tokenize(args) -> None:
+    print("| tokens | text MB | agent s | raw tokenizer s (one call) | ratio | raw tokenizer s (blocks) | ratio | "
+          "peak growth MB |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for n in args.tokens:
+        out = subprocess.run([sys.executable, __file__, "_tokenize_one", str(n), str(args.chunk_tokens)],
+                             check=True, capture_output=True, text=True).stdout
+        r = json.loads(out.strip().splitlines()[-1])
+        print(f"| {r['tokens']:,} | {r['text_mb']} | {r['agent_s']} | {r['raw_tokenizer_s']} | {r['ratio']} | "
+              f"{r['raw_blocks_s']} | {r['ratio_blocks']} | {r['peak_growth_mb']} |", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("tokenize", help="(a) agent vs raw tokenizer, peak memory")
+    a.add_argument("--tokens", type=int, nargs="+", default=[8000, 100_000, 1_000_000, 3_500_000])
+    a.add_argument("--chunk-tokens", type=int, default=5000)
+    one = sub.add_parser("_tokenize_one")
+    one.add_argument("tokens", type=int)
+    one.add_argument("chunk_tokens", type=int)
+    args = ap.parse_args()
+    if args.cmd == "tokenize":
+        cmd_tokenize(args)
+    elif args.cmd == "_tokenize_one":
+        print(json.dumps(tokenize_one(args.tokens, args.chunk_tokens)))
+
+
+if __name__ == "__main__":
+    main()
