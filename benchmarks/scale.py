@@ -120,18 +120,137 @@ def cmd_tokenize(args) -> None:
               f"{r['raw_blocks_s']} | {r['ratio_blocks']} | {r['peak_growth_mb']} |", flush=True)
 
 
+# ------------------------------------------------------------------------------------------------ (b), (c)
+def start_fake(latency_s: float) -> tuple[subprocess.Popen, str]:
+    """A fake server in its own process; returns (process, base URL)."""
+    proc = subprocess.Popen([sys.executable, "-m", "memagent.backends.fakeserver", "--latency", str(latency_s)],
+                            stdout=subprocess.PIPE, text=True)
+    port = int(proc.stdout.readline().split()[-1])
+    return proc, f"http://127.0.0.1:{port}/v1"
+
+
+def fanout_samples(tok, n: int, doc_tokens: int):
+    """``n`` documents of ``doc_tokens`` tokens, each a different stretch of the Gutenberg novels."""
+    from memagent.types import Sample
+
+    text = "".join(p.read_text(encoding="utf-8") for p in sorted(NOVEL.parent.glob("*.txt")) if p.name != "README.md")
+    bounds = tok.boundaries(text[: 200_000])
+    chars = int(bounds[min(doc_tokens, len(bounds) - 1)])  # about doc_tokens tokens of such prose
+    step = max(1, (len(text) - chars) // max(n, 1))
+    return [Sample(str(k), "Which character speaks first?", text[k * step: k * step + chars]) for k in range(n)]
+
+
+def raw_tokenize_s(tok, samples, threads: int) -> float:
+    """Seconds to tokenize every document with the raw tokenizer, ``threads`` documents at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(lambda s: tok._llama.tokenize(s.context.encode(), add_bos=False, special=False), samples))
+    return time.perf_counter() - t0
+
+
+def run_agent(urls, samples, concurrency: int, tok, chunk_tokens=2000, memory_tokens=256, on_result=None):
+    from memagent.agent.loop import AgentConfig, MemoryAgent
+    from memagent.backends.factory import open_backend
+
+    settings = {"name": "openai", "base_url": urls if len(urls) > 1 else urls[0], "model": "fake",
+                "concurrency": concurrency, "context_tokens": 8192}
+    backend, _ = open_backend(settings, tok, check_reachable=True)
+    agent = MemoryAgent(backend, AgentConfig(chunk_tokens=chunk_tokens, memory_tokens=memory_tokens,
+                                             final_tokens=64, batch_size=concurrency), tokenizer=tok,
+                        keep_token_ids=False)
+    t0 = time.perf_counter()
+    try:
+        trajs = agent.run(samples, on_result=on_result)
+    finally:
+        backend.close()
+    return time.perf_counter() - t0, trajs, backend
+
+
+def reference_one(repo: str, url: str, n: int, doc_tokens: int, concurrency: int, chunk_tokens: int,
+                  memory_tokens: int) -> dict:
+    """The reference implementation's own eval client (``taskutils/memory_eval/utils/recurrent.py`` of a
+    checkout given by path, imported as it is) over the same samples and fake server, in this process."""
+    host, port = url.split("//")[1].split("/")[0].split(":")
+    os.environ.update(SERVE_HOST=host, SERVE_PORT=port, RECURRENT_CHUNK_SIZE=str(chunk_tokens),
+                      RECURRENT_MAX_NEW=str(memory_tokens), RECURRENT_MAX_CONTEXT_LEN=str(10**9))
+    sys.path.insert(0, str(Path(repo) / "taskutils" / "memory_eval"))
+    import uvloop
+    from utils.aio import async_main  # the reference's own modules
+    from utils.recurrent import async_query_llm
+
+    from memagent.tokenization import load_tokenizer
+
+    tok = load_tokenizer("smollm2")  # the same tokenizer object type memagent uses (encode / decode)
+    tok._piece_lengths()
+    samples = fanout_samples(tok, n, doc_tokens)
+    items = [{"_id": k + 1, "context": s.context, "input": s.question} for k, s in enumerate(samples)]  # id 0 prints
+    t0 = time.perf_counter()
+    out = uvloop.run(async_main([async_query_llm(it, "fake", tok) for it in items], concurrency))
+    return {"seconds": time.perf_counter() - t0, "answered": sum(bool(o) for o in out)}
+
+
+def cmd_fanout(args) -> None:
+    from memagent.tokenization import load_tokenizer
+
+    tok = load_tokenizer("smollm2")
+    tok._piece_lengths()
+    proc, url = start_fake(args.latency)
+    try:
+        ref = " reference client s | reference / bound |" if args.reference else ""
+        print("| C | samples | turns/sample | tokenize s (2 threads) | bound s | memagent s | memagent / bound |" + ref)
+        print("|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if args.reference else ""))
+        for c in args.concurrency:
+            n = args.samples if c > 1 else args.samples_c1
+            samples = fanout_samples(tok, n, args.doc_tokens)
+            tok_s = raw_tokenize_s(tok, samples, 2)
+            wall, trajs, _ = run_agent([url], samples, c, tok)
+            turns = max(len(t.turns) for t in trajs)
+            assert all(t.ok for t in trajs), [t.error for t in trajs if not t.ok][:3]
+            bound = tok_s + turns * args.latency * -(-n // c)
+            row = f"| {c} | {n} | {turns} | {tok_s:.2f} | {bound:.2f} | {wall:.2f} | {wall / bound:.2f} |"
+            if args.reference:
+                out = subprocess.run([sys.executable, __file__, "_reference_one", args.reference, url, str(n),
+                                      str(args.doc_tokens), str(c)], check=True, capture_output=True, text=True)
+                r = json.loads(out.stdout.strip().splitlines()[-1])
+                assert r["answered"] == n, r
+                row += f" {r['seconds']:.2f} | {r['seconds'] / bound:.2f} |"
+            print(row, flush=True)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("tokenize", help="(a) agent vs raw tokenizer, peak memory")
     a.add_argument("--tokens", type=int, nargs="+", default=[8000, 100_000, 1_000_000, 3_500_000])
     a.add_argument("--chunk-tokens", type=int, default=5000)
+    b = sub.add_parser("fanout", help="(b) requests in flight against a fake server, against the bound")
+    b.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 128, 256])
+    b.add_argument("--samples", type=int, default=128)
+    b.add_argument("--samples-c1", type=int, default=4, help="samples at C=1 (each takes turns x latency)")
+    b.add_argument("--doc-tokens", type=int, default=15000)
+    b.add_argument("--latency", type=float, default=0.5)
+    b.add_argument("--reference", default=None, help="a checkout of the reference implementation: run its eval "
+                   "client side by side (needs the bench extra: aiohttp, uvloop)")
+    ref = sub.add_parser("_reference_one")
+    for name in ("repo", "url"):
+        ref.add_argument(name)
+    for name in ("n", "doc_tokens", "concurrency"):
+        ref.add_argument(name, type=int)
     one = sub.add_parser("_tokenize_one")
     one.add_argument("tokens", type=int)
     one.add_argument("chunk_tokens", type=int)
     args = ap.parse_args()
     if args.cmd == "tokenize":
         cmd_tokenize(args)
+    elif args.cmd == "fanout":
+        cmd_fanout(args)
+    elif args.cmd == "_reference_one":
+        print(json.dumps(reference_one(args.repo, args.url, args.n, args.doc_tokens, args.concurrency, 2000, 256)))
     elif args.cmd == "_tokenize_one":
         print(json.dumps(tokenize_one(args.tokens, args.chunk_tokens)))
 

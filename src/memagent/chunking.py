@@ -214,7 +214,8 @@ class ChunkStream:
         tokenizer: the model's tokenizer.
         chunk_tokens: tokens per chunk (> 0).
         max_tokens: center truncation budget in tokens; ``None`` reads everything.
-        block_chars: characters per tokenizer call.
+        block_chars: characters per tokenizer call (default: ``8 * chunk_tokens``, within 4096 and
+            :data:`memagent.stitching.DEFAULT_BLOCK_CHARS`).
 
     Attributes:
         document_tokens: tokens of the document read (after truncation); known once the chunks are all
@@ -228,12 +229,14 @@ class ChunkStream:
     """
 
     def __init__(self, source: str | TextSource, tokenizer: Tokenizer, chunk_tokens: int,
-                 max_tokens: int | None = None, block_chars: int = DEFAULT_BLOCK_CHARS):
+                 max_tokens: int | None = None, block_chars: int | None = None):
         if chunk_tokens < 1:
             raise ConfigError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
         if max_tokens is not None and max_tokens < 2:
             raise ConfigError(f"max_context_tokens must be >= 2 to keep a head and a tail, got {max_tokens}")
         self.source, self.tokenizer = source, tokenizer
+        if block_chars is None:  # about two chunks of prose: the first call waits for little more than a chunk
+            block_chars = min(DEFAULT_BLOCK_CHARS, max(4096, 8 * chunk_tokens))
         self.chunk_tokens, self.max_tokens, self.block_chars = chunk_tokens, max_tokens, block_chars
         self.document_tokens: int | None = None
         self.kept: tuple[tuple[int, int], ...] | None = None

@@ -171,6 +171,10 @@ def run(
             b.close()
     except MemagentError as e:
         _fail(e)
+    if callable(getattr(b, "endpoint_stats", None)):  # a server backend: how its servers shared the requests
+        from memagent.backends.endpoints import describe_stats
+
+        typer.echo(describe_stats(b.endpoint_stats()), err=True)
     _report_run(samples, trajs, input is None, output, settings, trace)
 
 

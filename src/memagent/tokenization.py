@@ -293,16 +293,22 @@ class LlamaCppTokenizer:
             return np.zeros(1, dtype=np.int64)
         raw = text.encode("utf-8")
         data = np.frombuffer(raw, dtype=np.uint8)
-        lens = self._piece_lengths()[np.asarray(ids, dtype=np.int64)]
+        arr = np.asarray(ids, dtype=np.int64)
+        lens = self._piece_lengths(arr)[arr]
         if int(lens.sum()) != data.size:  # bytes the vocabulary lacks: find where they were left out
             lens = np.asarray(_aligned_lengths(raw, [self.piece(t) for t in ids], self.name), dtype=np.int64)
         return _char_bounds(data, lens)
 
-    def _piece_lengths(self) -> np.ndarray:
-        """Byte length of every token's piece, shape ``(V,)`` (read once)."""
+    def _piece_lengths(self, ids: np.ndarray | None = None) -> np.ndarray:
+        """Byte length of every token's piece, shape ``(V,)``; a token's is read the first time it is seen
+        (``ids``; ``None``: every token now), -1 for one never seen."""
         if getattr(self, "_lens", None) is None:
-            self._lens = np.fromiter((len(self.piece(t)) for t in range(self._llama.n_vocab())), dtype=np.int64)
-        return self._lens
+            self._lens = np.full(self._llama.n_vocab(), -1, dtype=np.int64)
+        lens = self._lens
+        todo = np.arange(len(lens)) if ids is None else ids[lens[ids] < 0]
+        for t in np.unique(todo).tolist():
+            lens[t] = len(self.piece(t))
+        return lens
 
 
 def _aligned_lengths(data: bytes, pieces: Sequence[bytes], name: str) -> list[int]:

@@ -78,6 +78,14 @@ def test_blocks_cut_only_at_safe_positions_and_join_to_the_text():
     assert [b for _, b in text_blocks(string_pieces(text, 1), 15)] == ["aa bb\n\ncc  dd\n", "ee ff"]
 
 
+@_settings(300)
+@given(buf=st.text(st.sampled_from(list("ab \n\t\r\x04\x7f中\u3000")), max_size=40), end=st.integers(0, 45))
+def test_backward_search_finds_the_last_safe_cut_of_the_pattern(buf, end):
+    from memagent.stitching import _SAFE_CUT, _last_cut, _last_match
+
+    assert _last_cut(buf, end) == _last_match(buf, end, _SAFE_CUT)
+
+
 @_settings(120)
 @given(text=TEXT, block_chars=st.integers(16, 48), size=st.integers(1, 9))
 def test_gguf_blocks_give_the_whole_texts_tokens_and_chunks(gguf_tokenizer, text, block_chars, size):

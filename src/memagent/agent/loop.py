@@ -13,8 +13,8 @@ waiting sample takes its place.
   one request (its next update, or its final turn once its document is exhausted), and the step's requests
   go to the backend as one batched ``generate`` call.
 - Servers: every active sample runs its own chain of calls in a worker thread, so a slow request delays only
-  its own sample; the server sees up to ``batch_size`` requests in flight (the backend's own concurrency
-  bound applies too).
+  its own sample; the server sees up to the backend's ``concurrency`` requests in flight (``batch_size``
+  for a server backend without that setting).
 
 The reference's training loop instead holds every sample's final turn until the longest document of the
 batch is read (doc section 4.4).
@@ -25,11 +25,13 @@ tokens must fit the backend's context window, for the update and for the final c
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import zlib
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from memagent.agent.config import AgentConfig
@@ -52,12 +54,18 @@ class _State:
     chunks: ChunkStream
     chunk: Chunk | None = None  # the chunk the next update reads; None once the document is read
     next_chunk: int = 0
+    question_tokens: int | None = None
     memory: str = ""
     turns: list[Turn] = field(default_factory=list)
     result: Trajectory | None = None
+    prefetched: Future | None = None  # the next chunk, being cut in the background while a request is out
 
     def advance(self) -> None:
-        self.chunk = next(self.chunks, None)
+        if self.prefetched is not None:
+            fut, self.prefetched = self.prefetched, None
+            self.chunk = fut.result()
+        else:
+            self.chunk = next(self.chunks, None)
 
     @property
     def document_tokens(self) -> int:
@@ -185,16 +193,34 @@ class MemoryAgent:
             return None
         return zlib.crc32(f"{self.config.seed}/{sample_id}/{turn}".encode()) & 0x7FFFFFFF
 
+    def _content_tokens(self, kind: str) -> int:
+        """Tokens of a template's message contents with empty slots (no chat wrapping, no memory marker)."""
+        key = "content/" + kind
+        if key not in self._fixed:
+            t = self.templates
+            msgs = t.messages_update("", "", "") if kind == "update" else t.messages_final("", "")
+            marker = count_tokens(self.tokenizer, t.no_memory)
+            self._fixed[key] = max(0, sum(count_tokens(self.tokenizer, m.content) for m in msgs) - marker)
+        return self._fixed[key]
+
     def _request(self, st: _State) -> Request:
         c, t, q = self.config, self.templates, st.sample.question
         turn = len(st.turns)
+        if st.question_tokens is None:
+            st.question_tokens = count_tokens(self.tokenizer, q)
+        memory = count_tokens(self.tokenizer, st.memory or t.no_memory)
         if st.chunk is not None:
             msgs = t.messages_update(q, st.memory, st.chunk.text)
             max_new, rid = c.memory_tokens, f"{st.sample.id}/chunk{st.next_chunk}"
+            content = self._content_tokens("update") + st.chunk.num_tokens
         else:
             msgs = t.messages_final(q, st.memory)
             max_new, rid = c.final_tokens, f"{st.sample.id}/final"
-        return Request(msgs, max_new, c.temperature, c.top_p, self._seed(st.sample.id, turn), rid, dict(self._sampling))
+            content = self._content_tokens("final")
+        # the chunk's tokens in the document may merge differently alone: the slack keeps the count below the truth
+        content = max(0, content + st.question_tokens + memory - c.slack_tokens)
+        return Request(msgs, max_new, c.temperature, c.top_p, self._seed(st.sample.id, turn), rid, dict(self._sampling),
+                       content_tokens=content, affinity=_affinity(st.sample.id))
 
     def _apply(self, st: _State, req: Request, comp: Completion) -> Turn:
         chunk = st.chunk
@@ -320,29 +346,55 @@ class MemoryAgent:
         return results  # type: ignore[return-value]
 
     def _run_pipelined(self, samples, on_result, on_turn, bars) -> list[Trajectory]:
-        """Servers: each of up to ``batch_size`` samples runs its own chain of calls in a worker thread, so a
-        slow request holds back only its own sample (the server batches whatever is in flight)."""
+        """Servers: each sample in flight runs its own chain of calls in a worker thread, so a slow request holds
+        back only its own sample (the server batches whatever is in flight). Samples in flight: the backend's
+        ``concurrency`` when it has one, else ``batch_size``. An exception in one sample (e.g. every server down)
+        stops the others before their next call and starts no new sample; it is then raised."""
+        import os
         from concurrent.futures import ThreadPoolExecutor
 
         lock = threading.Lock()  # callbacks and progress bars are called one at a time
+        stop = threading.Event()
+        # the next chunk of a sample is cut while its request is out (tokenizing overlaps the server's latency)
+        cutter = ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1), thread_name_prefix="memagent-chunks")
 
-        def one(sample: Sample) -> Trajectory:
-            st = self._admit(sample, None)
-            if bars:
-                with lock:
-                    bars.add_turns(1 + (st.chunk is not None))
-            while True:
-                req = self._request(st)
-                (comp,) = self._generate([req])
-                with lock:
-                    done = self._step(st, req, comp, on_turn, bars)
-                    if done and on_result:
-                        on_result(st.sample, st.result)
-                if done:
-                    return st.result
+        def one(sample: Sample) -> Trajectory | None:
+            if stop.is_set():
+                return None
+            try:
+                st = self._admit(sample, None)
+                if bars:
+                    with lock:
+                        bars.add_turns(1 + (st.chunk is not None))
+                while not stop.is_set():
+                    req = self._request(st)
+                    if st.chunk is not None:
+                        st.prefetched = cutter.submit(next, st.chunks, None)
+                    (comp,) = self._generate([req])
+                    with lock:
+                        done = self._step(st, req, comp, on_turn, bars)
+                        if done and on_result:
+                            on_result(st.sample, st.result)
+                    if done:
+                        return st.result
+                return None
+            except BaseException:
+                stop.set()
+                raise
 
-        with ThreadPoolExecutor(max_workers=self.config.batch_size) as pool:
-            return list(pool.map(one, samples))
+        workers = getattr(self.backend, "concurrency", None) or self.config.batch_size
+        with cutter, ThreadPoolExecutor(max_workers=max(1, min(workers, len(samples)))) as pool:
+            futures = [pool.submit(one, s) for s in samples]
+            out = []
+            for f in futures:  # the first exception, in sample order, once every worker has stopped
+                exc = f.exception()
+                if exc is not None:
+                    stop.set()
+                    for g in futures:
+                        g.cancel()
+                    raise exc
+                out.append(f.result())
+            return out
 
     def _generate(self, requests: list[Request]) -> list[Completion]:
         t0 = time.perf_counter()
@@ -365,6 +417,12 @@ class MemoryAgent:
         from memagent.data.sources import document_source
 
         return self.run([Sample(sample_id, question, document_source(document))], **kwargs)[0]
+
+
+def _affinity(sample_id: str) -> str:
+    """The server-affinity key of a sample: its id, without the ``#g<j>`` of an RL group member (the members
+    share their prompts' prefixes, so they prefer one server too)."""
+    return re.sub(r"#g\d+$", "", sample_id)
 
 
 def _context_chars(chunks: ChunkStream, chunk: Chunk | None) -> tuple[tuple[int, int], ...] | None:

@@ -224,8 +224,17 @@ class EvalRunner(RunFolder):
                         self._run_cell(writer, method, task, length, todo)
         finally:
             writer.close()
+            self._log_endpoints()
             self.close()
         return self.run_dir / "results.jsonl"
+
+    def _log_endpoints(self) -> None:
+        """Per server backend in use: how its servers shared the requests (part of the run's summary)."""
+        from memagent.backends.endpoints import describe_stats
+
+        for b in self._backends.values():
+            if callable(getattr(b, "endpoint_stats", None)):
+                self.log(f"{b.name}: {describe_stats(b.endpoint_stats())}")
 
     def prepare(self, cells: Sequence[tuple[TaskConfig, int]]) -> None:
         """Build or read the data of every cell before any model call, so that an impossible length, a missing
