@@ -222,6 +222,44 @@ def cmd_fanout(args) -> None:
         proc.wait()
 
 
+def cmd_failover(args) -> None:
+    """(c): ``memagent run`` over two fake servers; the second is killed once a share of the rows is written."""
+    import tempfile
+
+    from memagent.tokenization import load_tokenizer
+
+    tok = load_tokenizer("smollm2")
+    samples = fanout_samples(tok, args.samples, args.doc_tokens)
+    (a, url_a), (b, url_b) = start_fake(args.latency), start_fake(args.latency)
+    with tempfile.TemporaryDirectory() as tmp:
+        inp, out = Path(tmp) / "in.jsonl", Path(tmp) / "out.jsonl"
+        inp.write_text("".join(json.dumps({"id": x.id, "question": x.question, "context": x.context}) + "\n"
+                               for x in samples))
+        cmd = [sys.executable, "-m", "memagent", "run", "--backend", "openai", "--model", "fake", "--tokenizer",
+               "smollm2", "--chunk-tokens", "2000", "--memory-tokens", "256", "--final-tokens", "64", "--concurrency",
+               str(args.concurrency), "--base-url", url_a, "--base-url", url_b, "--input", str(inp), "--output", str(out)]
+        t0 = time.perf_counter()
+        run = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            while run.poll() is None and (len(out.read_text().splitlines()) if out.exists() else 0) < args.kill_after:
+                time.sleep(0.05)
+            killed_at = len(out.read_text().splitlines()) if out.exists() else 0
+            b.kill()
+            b.wait()
+            _, stderr = run.communicate(timeout=600)
+        finally:
+            for p in (a, b):
+                p.kill()
+                p.wait()
+        rows = [json.loads(x) for x in out.read_text().splitlines()]
+    ids = [r["sample_id"] for r in rows]
+    summary = next((x for x in stderr.splitlines() if x.startswith("requests per server")), "")
+    print(f"exit status {run.returncode}; {len(rows)} rows for {len(samples)} samples, {len(set(ids))} distinct, "
+          f"{sum(r['status'] == 'ok' for r in rows)} ok; second server killed after {killed_at} rows; "
+          f"{time.perf_counter() - t0:.1f} s")
+    print(summary.replace(url_a, "A").replace(url_b, "B"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -241,6 +279,12 @@ def main() -> None:
         ref.add_argument(name)
     for name in ("n", "doc_tokens", "concurrency"):
         ref.add_argument(name, type=int)
+    c = sub.add_parser("failover", help="(c) two servers, one killed mid-run")
+    c.add_argument("--samples", type=int, default=64)
+    c.add_argument("--doc-tokens", type=int, default=8000)
+    c.add_argument("--concurrency", type=int, default=32)
+    c.add_argument("--latency", type=float, default=0.2)
+    c.add_argument("--kill-after", type=int, default=16, help="rows written before the second server is killed")
     one = sub.add_parser("_tokenize_one")
     one.add_argument("tokens", type=int)
     one.add_argument("chunk_tokens", type=int)
@@ -249,6 +293,8 @@ def main() -> None:
         cmd_tokenize(args)
     elif args.cmd == "fanout":
         cmd_fanout(args)
+    elif args.cmd == "failover":
+        cmd_failover(args)
     elif args.cmd == "_reference_one":
         print(json.dumps(reference_one(args.repo, args.url, args.n, args.doc_tokens, args.concurrency, 2000, 256)))
     elif args.cmd == "_tokenize_one":

@@ -86,3 +86,24 @@ def test_an_unreachable_server_is_skipped_and_all_down_stops_keeping_rows(tmp_pa
     rows = _rows(out)
     assert 3 <= len(rows) < 24 and all(r["status"] == "ok" for r in rows)
     assert len({r["sample_id"] for r in rows}) == len(rows)
+
+
+def test_eval_grid_with_two_servers_one_unreachable(tmp_path, servers):
+    from memagent.data.io import write_samples
+    from memagent.types import Sample
+
+    (_, url) = servers(latency_s=0.01)
+    data = tmp_path / "q.jsonl"
+    write_samples(data, [Sample(f"q{k}", "Q?", f"document {k} " * 50, ("fake",)) for k in range(3)])
+    cfg = tmp_path / "grid.yaml"
+    cfg.write_text(f"output: {tmp_path / 'run'}\ntokenizer: bytes\n"
+                   f"backend: {{name: openai, model: fake, base_url: [{url}, 'http://127.0.0.1:9/v1'], context_tokens: 4096}}\n"
+                   "methods: [{name: m, chunk_tokens: 300, memory_tokens: 64, final_tokens: 16}]\n"
+                   f"tasks: [{{name: t, lengths: ['1'], samples: 3, files: {{1: {data}}}, metrics: [sub_em]}}]\n")
+    r = subprocess.run([sys.executable, "-m", "memagent", "eval", "--config", str(cfg), "--no-report"],
+                       capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(SRC)}, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "cannot reach http://127.0.0.1:9/v1" in r.stderr
+    assert f"openai:fake: requests per server: {url} 9, http://127.0.0.1:9/v1 0 (out of the rotation)" in r.stderr
+    rows = [json.loads(x) for x in (tmp_path / "run" / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and all(x["status"] == "ok" and x["score"] == 1.0 for x in rows)
