@@ -4,7 +4,7 @@ and how many classes declare a given setting.
 Layers, lowest first (a module may import from its own layer and the ones below, never from above):
 
 0. ``errors``, ``types``, ``registry``, ``configtypes``, ``embedded``: plain data and helpers;
-1. ``tokenization``, ``chunking``, ``answers``, ``verifiers``, ``scoring``, ``rl`` (``rl`` imports nothing of
+1. ``tokenization``, ``stitching``, ``chunking``, ``answers``, ``verifiers``, ``scoring``, ``rl`` (``rl`` imports nothing of
    memagent but ``errors``);
 2. ``backends``;
 3. ``data``, ``runfiles``;
@@ -35,7 +35,7 @@ MAX_FUNCTION_LINES = 80
 
 LAYERS = {
     "errors": 0, "types": 0, "registry": 0, "configtypes": 0, "embedded": 0, "policies": 0,
-    "tokenization": 1, "chunking": 1, "answers": 1, "verifiers": 1, "scoring": 1, "rl": 1,
+    "tokenization": 1, "stitching": 1, "chunking": 1, "answers": 1, "verifiers": 1, "scoring": 1, "rl": 1,
     "backends": 2,
     "data": 3, "runfiles": 3,
     "agent": 4,

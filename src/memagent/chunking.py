@@ -9,9 +9,16 @@ empty (a character longer than a chunk stays whole in the chunk where it starts,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterable, Sequence
+
+from collections.abc import Iterator
+from typing import Protocol, runtime_checkable
+
+import numpy as np
 
 from memagent.errors import ConfigError, DataError
+from memagent.stitching import DEFAULT_BLOCK_CHARS, TokenBlock, string_pieces, token_blocks
 from memagent.tokenization import Tokenizer, lone_surrogate
 from memagent.types import Chunk
 
@@ -131,7 +138,8 @@ def chunk_document(text: str, tokenizer: Tokenizer, chunk_tokens: int,
 
     The kept head and tail keep the token ids and boundaries of the whole document (not a re-tokenisation of
     the shortened text, which could merge differently where the two halves meet), so the chunks hold exactly
-    ``min(T, max_tokens)`` tokens and their texts join to the shortened text.
+    ``min(T, max_tokens)`` tokens and their texts join to the shortened text. The chunks of
+    :class:`ChunkStream`, gathered in a list.
 
     Args:
         text: the document.
@@ -149,18 +157,9 @@ def chunk_document(text: str, tokenizer: Tokenizer, chunk_tokens: int,
         DataError: the text holds a lone surrogate code point, which no tokenizer can encode.
     """
     _check_encodable(text)
-    ids, bounds = tokenizer.encode_with_offsets(text)
-    kept, n_kept = _kept_ranges(bounds, len(text), max_tokens)
-    if len(kept) == 1:
-        return chunk_offsets(text, ids, bounds, chunk_tokens), n_kept, kept
-    n, tail = len(ids), max_tokens // 2
-    head = max_tokens - tail
-    cut, resume = kept[0][1], kept[1][0]
-    short = text[:cut] + text[resume:]
-    shift = resume - cut
-    short_bounds = list(bounds[: head + 1]) + [b - shift for b in bounds[n - tail + 1 :]]
-    short_bounds[-1] = len(short)
-    return chunk_offsets(short, list(ids[:head]) + list(ids[n - tail :]), short_bounds, chunk_tokens), n_kept, kept
+    stream = ChunkStream(text, tokenizer, chunk_tokens, max_tokens)
+    chunks = list(stream)
+    return chunks, stream.document_tokens, stream.kept
 
 
 def source_ranges(kept: Sequence[tuple[int, int]], start: int, end: int) -> tuple[tuple[int, int], ...]:
@@ -187,3 +186,156 @@ def _check_encodable(text: str) -> None:
     if (at := lone_surrogate(text)) is not None:
         raise DataError(f"the text holds a lone surrogate U+{ord(text[at]):04X} at character {at}, which no tokenizer "
                         "can encode; remove it")
+
+
+@runtime_checkable
+class TextSource(Protocol):
+    """A document read in pieces (a file, a stream, an iterator of text; see :mod:`memagent.data.io`).
+
+    ``pieces()`` yields the text from its start in pieces of any size; it is called once. ``name`` names
+    the source in messages.
+    """
+
+    name: str
+
+    def pieces(self) -> Iterable[str]: ...
+
+
+class ChunkStream:
+    """The chunks of a document, made as they are read: a document of any length in bounded memory.
+
+    Iterating yields the same chunks as :func:`chunk_offsets` over the whole (center-truncated) document
+    (see :mod:`memagent.stitching` for the one exception), while holding only the block being tokenized and
+    the text of the chunk being cut. With ``max_tokens`` a first pass counts the tokens (and records where
+    each block starts), and the second reads the head, skips the middle untokenized, and reads the tail.
+
+    Args:
+        source: the document: a string, or a :class:`TextSource`.
+        tokenizer: the model's tokenizer.
+        chunk_tokens: tokens per chunk (> 0).
+        max_tokens: center truncation budget in tokens; ``None`` reads everything.
+        block_chars: characters per tokenizer call (default: ``8 * chunk_tokens``, within 4096 and
+            :data:`memagent.stitching.DEFAULT_BLOCK_CHARS`).
+
+    Attributes:
+        document_tokens: tokens of the document read (after truncation); known once the chunks are all
+            read, or from the start with ``max_tokens``.
+        kept: the ranges of the source's text that are read (:func:`center_truncate_ranges`); known as
+            ``document_tokens`` is.
+
+    Raises:
+        ConfigError: ``chunk_tokens`` < 1 or ``max_tokens`` < 2 (at construction).
+        DataError: the text holds a lone surrogate (while reading), or the source cannot be read.
+    """
+
+    def __init__(self, source: str | TextSource, tokenizer: Tokenizer, chunk_tokens: int,
+                 max_tokens: int | None = None, block_chars: int | None = None):
+        if chunk_tokens < 1:
+            raise ConfigError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+        if max_tokens is not None and max_tokens < 2:
+            raise ConfigError(f"max_context_tokens must be >= 2 to keep a head and a tail, got {max_tokens}")
+        self.source, self.tokenizer = source, tokenizer
+        if block_chars is None:  # about two chunks of prose: the first call waits for little more than a chunk
+            block_chars = min(DEFAULT_BLOCK_CHARS, max(4096, 8 * chunk_tokens))
+        self.chunk_tokens, self.max_tokens, self.block_chars = chunk_tokens, max_tokens, block_chars
+        self.document_tokens: int | None = None
+        self.kept: tuple[tuple[int, int], ...] | None = None
+        self._chunks: Iterator[Chunk] | None = None
+
+    def _blocks(self) -> Iterator[TokenBlock]:
+        pieces = string_pieces(self.source, self.block_chars) if isinstance(self.source, str) else self.source.pieces()
+        return token_blocks(self.tokenizer, pieces, self.block_chars)
+
+    def __iter__(self) -> Iterator[Chunk]:
+        if self._chunks is None:
+            self._chunks = self._cut(self._read() if self.max_tokens is None else self._read_truncated())
+        return self._chunks
+
+    def __next__(self) -> Chunk:
+        return next(iter(self))
+
+    def _read(self) -> Iterator[tuple[str, np.ndarray]]:
+        """``(text, bounds)`` of the document's blocks, as they are tokenized."""
+        for b in self._blocks():
+            yield b.text, b.bounds
+
+    def _read_truncated(self) -> Iterator[tuple[str, np.ndarray]]:
+        """The blocks of the head and the tail: the document is tokenized once, holding the blocks of the first
+        ``head`` tokens and of the last ``tail`` tokens read so far (at most the budget), until its end."""
+        tail = self.max_tokens // 2
+        head = self.max_tokens - tail
+        held: list[TokenBlock] = []  # blocks that start in the head
+        recent: deque[TokenBlock] = deque()  # later blocks that may still end in the tail
+        n = chars = 0
+        for b in self._blocks():
+            n, chars = n + b.num_tokens, b.start_char + len(b.text)
+            (held if b.start_token < head else recent).append(b)
+            while recent and recent[0].start_token + recent[0].num_tokens < n - tail:
+                recent.popleft()  # wholly in the middle: never read
+        blocks = held + list(recent)
+        if n <= self.max_tokens:
+            self.document_tokens, self.kept = n, ((0, chars),)
+            yield from ((b.text, b.bounds) for b in blocks)
+            return
+        self.document_tokens, cut, first = self.max_tokens, 0, n - tail
+        for b in held:
+            k = min(head - b.start_token, b.num_tokens)
+            cut = b.start_char + int(b.bounds[k])
+            yield b.text[: b.bounds[k]], b.bounds[: k + 1]
+            if b.start_token + k >= head:
+                break
+        for b in blocks:
+            if b.start_token + b.num_tokens <= first:
+                continue
+            k = max(0, first - b.start_token)
+            if self.kept is None:
+                self.kept = ((0, cut), (b.start_char + int(b.bounds[k]), chars))
+            yield b.text[b.bounds[k]:], b.bounds[k:] - b.bounds[k]
+
+    def _cut(self, blocks: Iterator[tuple[str, np.ndarray]]) -> Iterator[Chunk]:
+        """:func:`chunk_offsets`'s slices and joining rules over a stream of blocks."""
+        size = self.chunk_tokens
+        text, text_start = "", 0  # the text read and not yet given out as a chunk, from this character on
+        seen_tokens = seen_chars = prev_char = 0
+        next_end, index, pending = size, 0, None  # pending: [start_token, end_token, start_char, end_char]
+
+        def span(end: int, c1: int):
+            nonlocal pending, prev_char
+            c0, start = prev_char, end - size if end % size == 0 else end - end % size
+            prev_char, out = c1, None
+            if pending and pending[2] == pending[3]:  # zero-width tokens at the start: join the next slice
+                pending[1], pending[3] = end, c1
+            elif pending and c0 == c1:  # no character starts in this slice: its tokens end the previous chunk's
+                pending[1] = end
+            else:
+                out, pending = pending, [start, end, c0, c1]
+            return out
+
+        def emit(p) -> Chunk:
+            nonlocal text, text_start, index
+            chunk = Chunk(index, p[0], p[1], p[2], p[3], text[p[2] - text_start: p[3] - text_start])
+            text, text_start, index = text[p[3] - text_start:], p[3], index + 1
+            return chunk
+
+        for block_text, bounds in blocks:
+            text += block_text
+            n = len(bounds) - 1
+            while next_end <= seen_tokens + n:
+                done = span(next_end, seen_chars + int(bounds[next_end - seen_tokens]))
+                if done:
+                    yield emit(done)
+                next_end += size
+            seen_tokens, seen_chars = seen_tokens + n, seen_chars + len(block_text)
+        if seen_tokens > next_end - size and (done := span(seen_tokens, seen_chars)):
+            yield emit(done)
+        if pending:
+            pending[3] = seen_chars if pending[1] == seen_tokens else pending[3]
+            yield emit(pending)
+        if self.document_tokens is None:
+            self.document_tokens, self.kept = seen_tokens, ((0, seen_chars),)
+
+    def count_rest(self) -> int:
+        """Read the chunks not read yet (counting their tokens) and return :attr:`document_tokens`."""
+        for _ in iter(self):
+            pass
+        return self.document_tokens

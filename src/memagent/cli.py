@@ -41,13 +41,17 @@ def _fail(e: Exception) -> None:
     raise typer.Exit(2)
 
 
-def _read_document(document: str, allow_binary: bool = False) -> str:
-    """The document's text from a file or stdin (``-``), see :func:`memagent.data.io.read_document_text`."""
-    from memagent.data.io import read_document_text
+def _read_document(document: str, allow_binary: bool = False):
+    """The document from a file or stdin (``-``), read in pieces as the agent needs them
+    (:mod:`memagent.data.sources`; decoded as :func:`memagent.data.io.read_document_text` decodes)."""
+    from memagent.data.sources import FileText, StreamText
 
-    stdin = document == "-"
-    return read_document_text(sys.stdin.buffer.read() if stdin else document, "stdin" if stdin else document,
-                              allow_binary, warn=lambda m: typer.secho(f"warning: {m}", fg="yellow", err=True))
+    def warn(m: str) -> None:
+        typer.secho(f"warning: {m}", fg="yellow", err=True)
+
+    if document == "-":
+        return StreamText(sys.stdin.buffer, "stdin", allow_binary, warn)
+    return FileText(document, allow_binary, warn)
 
 
 def _check_paths(inputs: dict[str, Path | None], outputs: dict[str, Path | None]) -> None:
@@ -141,7 +145,7 @@ def run(
         try:
             samples = _run_samples(question, document, input, output, trace, resume, allow_binary)
             b, tok = _open_backend(backend_options)
-            agent = MemoryAgent(b, agent_config, tokenizer=tok)
+            agent = MemoryAgent(b, agent_config, tokenizer=tok, keep_token_ids=False)
             for s in samples:  # every budget before any output file is touched
                 agent.check_budget(s.question, s.id)
             settings = _run_settings(b, agent)
@@ -174,6 +178,10 @@ def run(
                 b.close()
         except MemagentError as e:
             _fail(e)
+    if callable(getattr(b, "endpoint_stats", None)):  # a server backend: how its servers shared the requests
+        from memagent.backends.endpoints import describe_stats
+
+        typer.echo(describe_stats(b.endpoint_stats()), err=True)
     _report_run(samples, trajs, input is None, output, settings, trace)
 
 

@@ -93,10 +93,13 @@ def _float_option(name: str) -> Callable[[Any], float]:
 
 
 def _cli_type(tp: Any) -> Any:
-    """``X | None`` as ``Optional[X]`` (the form every typer version reads)."""
+    """``X | None`` as ``Optional[X]`` (the form every typer version reads); ``tuple[X, ...]`` as ``List[X]`` (an
+    option given once per value)."""
     args = typing.get_args(tp)
     if type(None) in args and len(args) == 2:
-        return typing.Optional[next(a for a in args if a is not type(None))]
+        return typing.Optional[_cli_type(next(a for a in args if a is not type(None)))]
+    if typing.get_origin(tp) is tuple and len(args) == 2 and args[1] is Ellipsis:
+        return typing.List[args[0]]
     return tp
 
 

@@ -65,6 +65,17 @@ def count_tokens(tokenizer: Tokenizer, text: str) -> int:
     return len(tokenizer.encode(text)) if text else 0
 
 
+def token_boundaries(tokenizer: Tokenizer, text: str) -> np.ndarray:
+    """The ``(T + 1,)`` character boundaries of ``text``'s tokens (see :class:`Tokenizer`), as an int64 array.
+
+    Uses the adapter's own ``boundaries`` method when it has one (no list of ids is built).
+    """
+    fast = getattr(tokenizer, "boundaries", None)
+    if fast is not None:
+        return fast(text)
+    return np.asarray(tokenizer.encode_with_offsets(text)[1], dtype=np.int64)
+
+
 def char_boundaries_from_byte_lengths(text: str, byte_lengths: Sequence[int]) -> list[int]:
     """Map per-token byte lengths to character boundaries.
 
@@ -88,12 +99,19 @@ def char_boundaries_from_byte_lengths(text: str, byte_lengths: Sequence[int]) ->
             "does not reproduce its input byte for byte, so chunk boundaries cannot be mapped to text. "
             "Use a byte-level BPE tokenizer (tokenizer.json) instead."
         )
+    return _char_bounds(data, lens).tolist()
+
+
+def _char_bounds(data: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """:func:`char_boundaries_from_byte_lengths` on arrays (the lengths already checked to sum to the bytes)."""
+    byte_starts = np.concatenate([[0], np.cumsum(lens)])
+    if not (data & 0x80).any():  # ASCII: one byte per character
+        return byte_starts
     is_lead = (data & 0xC0) != 0x80  # first byte of a character
     # chars_before[p] = number of characters that start before byte p; at a mid-character byte this
     # already counts the current character, i.e. the boundary rounds up to the next character.
     chars_before = np.concatenate([[0], np.cumsum(is_lead)])
-    byte_starts = np.concatenate([[0], np.cumsum(lens)])
-    return chars_before[byte_starts].tolist()
+    return chars_before[byte_starts]
 
 
 class ByteTokenizer:
@@ -110,6 +128,11 @@ class ByteTokenizer:
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[int]]:
         ids = self.encode(text)
         return ids, char_boundaries_from_byte_lengths(text, [1] * len(ids))
+
+    def boundaries(self, text: str) -> np.ndarray:
+        """Character boundaries, shape ``(T + 1,)`` (see :func:`token_boundaries`)."""
+        data = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+        return _char_bounds(data, np.ones(data.size, dtype=np.int64))
 
 
 class HFTokenizer:
@@ -164,12 +187,22 @@ class HFTokenizer:
         if not text:
             return [], [0]
         enc = self._tok.encode(text, add_special_tokens=False)
+        return list(enc.ids), self._bounds(enc, text).tolist()
+
+    def boundaries(self, text: str) -> np.ndarray:
+        """Character boundaries, shape ``(T + 1,)`` (see :func:`token_boundaries`)."""
+        if not text:
+            return np.zeros(1, dtype=np.int64)
+        return self._bounds(self._tok.encode(text, add_special_tokens=False), text)
+
+    @staticmethod
+    def _bounds(enc, text: str) -> np.ndarray:
         # Boundary before token k = furthest end offset of tokens < k (offsets may exclude a leading space
         # or repeat a character split across tokens; a running max keeps boundaries monotone).
         ends = np.fromiter((e for _, e in enc.offsets), dtype=np.int64, count=len(enc.ids))
         bounds = np.concatenate([[0], np.maximum.accumulate(ends)]) if len(ends) else np.array([0])
         bounds[-1] = len(text)
-        return list(enc.ids), bounds.tolist()
+        return bounds
 
 
 class LlamaCppTokenizer:
@@ -249,10 +282,33 @@ class LlamaCppTokenizer:
                 that rewrites text, e.g. SentencePiece adding a leading space).
         """
         ids = self.encode(text)
+        return ids, self._bounds(text, ids).tolist()
+
+    def boundaries(self, text: str) -> np.ndarray:
+        """Character boundaries, shape ``(T + 1,)`` (see :func:`token_boundaries`; as :meth:`encode_with_offsets`)."""
+        return self._bounds(text, self.encode(text))
+
+    def _bounds(self, text: str, ids: list[int]) -> np.ndarray:
         if not ids:  # empty, or only bytes the vocabulary cannot hold
-            return [], [0]
-        lengths = _aligned_lengths(text.encode("utf-8"), [self.piece(t) for t in ids], self.name)
-        return ids, char_boundaries_from_byte_lengths(text, lengths)
+            return np.zeros(1, dtype=np.int64)
+        raw = text.encode("utf-8")
+        data = np.frombuffer(raw, dtype=np.uint8)
+        arr = np.asarray(ids, dtype=np.int64)
+        lens = self._piece_lengths(arr)[arr]
+        if int(lens.sum()) != data.size:  # bytes the vocabulary lacks: find where they were left out
+            lens = np.asarray(_aligned_lengths(raw, [self.piece(t) for t in ids], self.name), dtype=np.int64)
+        return _char_bounds(data, lens)
+
+    def _piece_lengths(self, ids: np.ndarray | None = None) -> np.ndarray:
+        """Byte length of every token's piece, shape ``(V,)``; a token's is read the first time it is seen
+        (``ids``; ``None``: every token now), -1 for one never seen."""
+        if getattr(self, "_lens", None) is None:
+            self._lens = np.full(self._llama.n_vocab(), -1, dtype=np.int64)
+        lens = self._lens
+        todo = np.arange(len(lens)) if ids is None else ids[lens[ids] < 0]
+        for t in np.unique(todo).tolist():
+            lens[t] = len(self.piece(t))
+        return lens
 
 
 def _aligned_lengths(data: bytes, pieces: Sequence[bytes], name: str) -> list[int]:

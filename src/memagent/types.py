@@ -100,6 +100,11 @@ class Request:
         sampling: extra sampling settings that are off their default, by memagent's name (e.g.
             ``{"repetition_penalty": 1.1}``); each backend maps them to its engine's names and refuses one it
             cannot apply (:mod:`memagent.backends.sampling`).
+        content_tokens: tokens of the messages' contents as the sender counted them (no chat template; at most
+            the true count), so a server backend checks the server's prompt count without re-tokenizing the
+            prompt; ``None``: not counted.
+        affinity: requests with the same key prefer the same server (its prefix cache); the agent uses the
+            sample id (``None``: no preference).
     """
 
     messages: tuple[Message, ...]
@@ -109,6 +114,8 @@ class Request:
     seed: int | None = None
     request_id: str = ""
     sampling: dict[str, Any] = field(default_factory=dict)
+    content_tokens: int | None = None
+    affinity: str | None = None
 
 
 @dataclass(frozen=True)

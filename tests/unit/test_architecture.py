@@ -181,12 +181,24 @@ def test_each_document_is_tokenized_once_on_its_way_to_chunks():
     from memagent.tokenization import ByteTokenizer
 
     class Counting(ByteTokenizer):
-        calls = 0
+        calls = 0  # tokenizations of the document or a piece of it (prompts, templates and memories not counted)
+
+        @staticmethod
+        def _count(text):
+            if len(text) > 100 and text in "0123456789" * 30:
+                Counting.calls += 1
 
         def encode_with_offsets(self, text):
-            if len(text) > 100:
-                Counting.calls += 1
+            self._count(text)
             return super().encode_with_offsets(text)
+
+        def boundaries(self, text):  # the fast path the streaming chunker takes
+            self._count(text)
+            return super().boundaries(text)
+
+        def encode(self, text):
+            self._count(text)
+            return super().encode(text)
 
     doc = "0123456789" * 30
     agent = MemoryAgent(ScriptedBackend(), AgentConfig(chunk_tokens=64, max_context_tokens=101), tokenizer=Counting())

@@ -8,6 +8,7 @@ import time
 import httpx
 import pytest
 
+from memagent.backends.endpoints import EndpointsDown
 from memagent.backends.openai_compat import OpenAIBackend, build_payload, error_from_http, parse_response
 from memagent.errors import BackendError, BackendTimeout, BadResponse, ConfigError, ContextOverflow
 from memagent.tokenization import ByteTokenizer
@@ -208,9 +209,11 @@ def test_retries_exhausted_on_5xx_and_connection_errors_name_the_request(monkeyp
     assert len(server.seen) == 3
     assert c.error == "BackendError: [request a/1] HTTP 500: boom *** (after 3 attempts)"
     down = _Server((0, httpx.ConnectError("connection refused")))
-    (c,) = _backend(down, max_retries=1).generate([Request(MSGS, max_tokens=4, request_id="a/2")])
-    assert len(down.seen) == 2
-    assert c.finish_reason == "error" and "[request a/2] cannot reach http://127.0.0.1:9/v1" in c.error
+    with pytest.raises(EndpointsDown, match=r"\[request a/2\] the server does not answer: http://127.0.0.1:9/v1 "
+                       r"\(ConnectError: connection refused\)\. The run stops here; rows already written are kept"):
+        _backend(down, max_retries=1).generate([Request(MSGS, max_tokens=4, request_id="a/2")])
+    # the request, then (nothing up) a health probe of the endpoint before the retry gives up
+    assert [(r.method, r.url.path) for r in down.seen] == [("POST", "/v1/chat/completions"), ("GET", "/v1/models")]
     slow = _Server((0, httpx.ReadTimeout("timed out")))
     (c,) = _backend(slow, max_retries=0).generate([Request(MSGS, max_tokens=4, request_id="a/3")])
     assert len(slow.seen) == 1 and c.error.startswith("BackendTimeout: [request a/3]")

@@ -13,8 +13,8 @@ waiting sample takes its place.
   one request (its next update, or its final turn once its document is exhausted), and the step's requests
   go to the backend as one batched ``generate`` call.
 - Servers: every active sample runs its own chain of calls in a worker thread, so a slow request delays only
-  its own sample; the server sees up to ``batch_size`` requests in flight (the backend's own concurrency
-  bound applies too).
+  its own sample; the server sees up to the backend's ``concurrency`` requests in flight (``batch_size``
+  for a server backend without that setting).
 
 The reference's training loop instead holds every sample's final turn until the longest document of the
 batch is read (doc section 4.4).
@@ -25,18 +25,20 @@ tokens must fit the backend's context window, for the update and for the final c
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import zlib
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from memagent.agent.config import AgentConfig
 from memagent.agent.prompts import DEFAULT_TEMPLATES, PromptTemplates
 from memagent.answers import extract_answer, strip_reasoning
 from memagent.backends.base import DEFAULT_CHAT_OVERHEAD_TOKENS, Backend
-from memagent.chunking import chunk_document, source_ranges
+from memagent.chunking import ChunkStream, TextSource, source_ranges
 from memagent.errors import BackendError, ConfigError
 from memagent.runfiles.trace import prune_trace, trace_rows, write_trace  # noqa: F401 - moved there; older imports
 from memagent.tokenization import Tokenizer, count_tokens, lone_surrogate
@@ -45,16 +47,29 @@ from memagent.types import Chunk, Completion, Message, Request, Sample, Trajecto
 
 @dataclass
 class _State:
-    """Mutable progress of one sample inside the loop."""
+    """Mutable progress of one sample inside the loop: its chunks are cut as they are read (only the current
+    one is held)."""
 
     sample: Sample
-    chunks: list[Chunk]
-    document_tokens: int
-    kept: tuple[tuple[int, int], ...] = ()  # ranges of the sample's context the agent reads (center truncation)
+    chunks: ChunkStream
+    chunk: Chunk | None = None  # the chunk the next update reads; None once the document is read
     next_chunk: int = 0
+    question_tokens: int | None = None
     memory: str = ""
     turns: list[Turn] = field(default_factory=list)
     result: Trajectory | None = None
+    prefetched: Future | None = None  # the next chunk, being cut in the background while a request is out
+
+    def advance(self) -> None:
+        if self.prefetched is not None:
+            fut, self.prefetched = self.prefetched, None
+            self.chunk = fut.result()
+        else:
+            self.chunk = next(self.chunks, None)
+
+    @property
+    def document_tokens(self) -> int:
+        return self.chunks.count_rest()
 
 
 TurnCallback = Callable[[Sample, Turn], None]
@@ -69,6 +84,8 @@ class MemoryAgent:
         config: budgets and sampling (:class:`AgentConfig`).
         templates: the prompts; default the file ``config.templates`` names, else :data:`DEFAULT_TEMPLATES`.
         tokenizer: the model's tokenizer, used for chunking and budgets; default ``backend.tokenizer``.
+        keep_token_ids: keep each turn's exact prompt and response token ids (training needs them); without
+            them a trajectory holds only texts, so a sample's memory does not grow with its document.
 
     Raises:
         ConfigError: no tokenizer is available (servers need one passed explicitly), or the templates file
@@ -81,8 +98,10 @@ class MemoryAgent:
         config: AgentConfig | None = None,
         templates: PromptTemplates | None = None,
         tokenizer: Tokenizer | None = None,
+        keep_token_ids: bool = True,
     ):
         self.backend = backend
+        self.keep_token_ids = keep_token_ids
         self.config = config or AgentConfig()
         if templates is None:
             templates = PromptTemplates.from_file(self.config.templates) if self.config.templates else DEFAULT_TEMPLATES
@@ -164,29 +183,48 @@ class MemoryAgent:
 
     # ------------------------------------------------------------------------------------------ loop
     def _prepare(self, sample: Sample) -> _State:
-        chunks, n, kept = chunk_document(sample.context, self.tokenizer, self.config.chunk_tokens,
-                                         self.config.max_context_tokens)
-        return _State(sample, chunks, n, kept)
+        st = _State(sample, ChunkStream(sample.context, self.tokenizer, self.config.chunk_tokens,
+                                        self.config.max_context_tokens))
+        st.advance()
+        return st
 
     def _seed(self, sample_id: str, turn: int) -> int | None:
         if self.config.seed is None:
             return None
         return zlib.crc32(f"{self.config.seed}/{sample_id}/{turn}".encode()) & 0x7FFFFFFF
 
+    def _content_tokens(self, kind: str) -> int:
+        """Tokens of a template's message contents with empty slots (no chat wrapping, no memory marker)."""
+        key = "content/" + kind
+        if key not in self._fixed:
+            t = self.templates
+            msgs = t.messages_update("", "", "") if kind == "update" else t.messages_final("", "")
+            marker = count_tokens(self.tokenizer, t.no_memory)
+            self._fixed[key] = max(0, sum(count_tokens(self.tokenizer, m.content) for m in msgs) - marker)
+        return self._fixed[key]
+
     def _request(self, st: _State) -> Request:
         c, t, q = self.config, self.templates, st.sample.question
         turn = len(st.turns)
-        if st.next_chunk < len(st.chunks):
-            msgs = t.messages_update(q, st.memory, st.chunks[st.next_chunk].text)
+        if st.question_tokens is None:
+            st.question_tokens = count_tokens(self.tokenizer, q)
+        memory = count_tokens(self.tokenizer, st.memory or t.no_memory)
+        if st.chunk is not None:
+            msgs = t.messages_update(q, st.memory, st.chunk.text)
             max_new, rid = c.memory_tokens, f"{st.sample.id}/chunk{st.next_chunk}"
+            content = self._content_tokens("update") + st.chunk.num_tokens
         else:
             msgs = t.messages_final(q, st.memory)
             max_new, rid = c.final_tokens, f"{st.sample.id}/final"
-        return Request(msgs, max_new, c.temperature, c.top_p, self._seed(st.sample.id, turn), rid, dict(self._sampling))
+            content = self._content_tokens("final")
+        # the chunk's tokens in the document may merge differently alone: the slack keeps the count below the truth
+        content = max(0, content + st.question_tokens + memory - c.slack_tokens)
+        return Request(msgs, max_new, c.temperature, c.top_p, self._seed(st.sample.id, turn), rid, dict(self._sampling),
+                       content_tokens=content, affinity=_affinity(st.sample.id))
 
     def _apply(self, st: _State, req: Request, comp: Completion) -> Turn:
-        is_update = st.next_chunk < len(st.chunks)
-        chunk = st.chunks[st.next_chunk] if is_update else None
+        chunk = st.chunk
+        is_update = chunk is not None
         ok = comp.finish_reason != "error"
         if is_update and ok:
             st.memory = strip_reasoning(comp.text).strip()
@@ -200,10 +238,10 @@ class MemoryAgent:
             finish_reason=comp.finish_reason,
             seconds=comp.seconds,
             chunk_chars=(chunk.start_char, chunk.end_char) if chunk is not None else None,
-            context_chars=source_ranges(st.kept, chunk.start_char, chunk.end_char) if chunk is not None else None,
-            prompt_token_ids=comp.prompt_token_ids,
-            response_token_ids=comp.token_ids,
-            response_token_logprobs=comp.token_logprobs,
+            context_chars=_context_chars(st.chunks, chunk),
+            prompt_token_ids=comp.prompt_token_ids if self.keep_token_ids else None,
+            response_token_ids=comp.token_ids if self.keep_token_ids else None,
+            response_token_logprobs=comp.token_logprobs if self.keep_token_ids else None,
         )
         st.turns.append(turn)
         s = st.sample
@@ -216,6 +254,7 @@ class MemoryAgent:
                                    prompt_hash=self.templates.hash)
         elif is_update:
             st.next_chunk += 1
+            st.advance()
         else:
             ext = extract_answer(comp.text)
             st.result = Trajectory(s.id, s.question, tuple(st.turns), comp.text, ext.answer, ext.method,
@@ -248,12 +287,14 @@ class MemoryAgent:
                 hint = (" (a dict: convert it with memagent.data.schema.sample_from_dict, or read a file with "
                         "memagent.data.io.read_samples)") if isinstance(s, dict) else ""
                 raise ConfigError(f"samples[{k}] is a {type(s).__name__}, not a memagent Sample{hint}")
-            if not isinstance(s.question, str) or not isinstance(s.context, str):
+            if not isinstance(s.question, str) or not isinstance(s.context, (str, TextSource)):
                 raise ConfigError(f"sample {s.id}: question and document must be strings, got "
-                                  f"{type(s.question).__name__} and {type(s.context).__name__}")
+                                  f"{type(s.question).__name__} and {type(s.context).__name__} (a document may also be "
+                                  "a path or an iterable of text given to MemoryAgent.answer, or a TextSource)")
             if not s.question.strip():
                 raise ConfigError(f"sample {s.id}: the question is empty")
-            _refuse_lone_surrogate(s.context, f"sample {s.id}: the document")
+            if isinstance(s.context, str):  # a streamed document is checked block by block as it is read
+                _refuse_lone_surrogate(s.context, f"sample {s.id}: the document")
             self.check_budget(s.question, s.id)
         bars = _Bars(len(samples)) if progress else None
         run = self._run_lockstep if getattr(self.backend, "batched", True) else self._run_pipelined
@@ -265,19 +306,22 @@ class MemoryAgent:
 
     def _step(self, st: _State, req: Request, comp: Completion, on_turn, bars) -> bool:
         """Apply one completion; returns True when the sample is finished."""
+        was_update = st.chunk is not None
         turn = self._apply(st, req, comp)
         if on_turn:
             on_turn(st.sample, turn)
         if bars:
             bars.turn_done()
             if st.result is not None:
-                bars.sample_done(len(st.chunks) + 1 - len(st.turns))
+                bars.sample_done(1 if was_update else 0)  # a failed update: the final turn never runs
+            elif st.chunk is not None:  # the next chunk was cut: one more turn
+                bars.add_turns(1)
         return st.result is not None
 
     def _admit(self, sample: Sample, bars) -> _State:
         st = self._prepare(sample)
         if bars:
-            bars.add_turns(len(st.chunks) + 1)
+            bars.add_turns(1 + (st.chunk is not None))
         return st
 
     def _run_lockstep(self, samples, on_result, on_turn, bars) -> list[Trajectory]:
@@ -303,29 +347,55 @@ class MemoryAgent:
         return results  # type: ignore[return-value]
 
     def _run_pipelined(self, samples, on_result, on_turn, bars) -> list[Trajectory]:
-        """Servers: each of up to ``batch_size`` samples runs its own chain of calls in a worker thread, so a
-        slow request holds back only its own sample (the server batches whatever is in flight)."""
+        """Servers: each sample in flight runs its own chain of calls in a worker thread, so a slow request holds
+        back only its own sample (the server batches whatever is in flight). Samples in flight: the backend's
+        ``concurrency`` when it has one, else ``batch_size``. An exception in one sample (e.g. every server down)
+        stops the others before their next call and starts no new sample; it is then raised."""
+        import os
         from concurrent.futures import ThreadPoolExecutor
 
         lock = threading.Lock()  # callbacks and progress bars are called one at a time
+        stop = threading.Event()
+        # the next chunk of a sample is cut while its request is out (tokenizing overlaps the server's latency)
+        cutter = ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1), thread_name_prefix="memagent-chunks")
 
-        def one(sample: Sample) -> Trajectory:
-            st = self._admit(sample, None)
-            if bars:
-                with lock:
-                    bars.add_turns(len(st.chunks) + 1)
-            while True:
-                req = self._request(st)
-                (comp,) = self._generate([req])
-                with lock:
-                    done = self._step(st, req, comp, on_turn, bars)
-                    if done and on_result:
-                        on_result(st.sample, st.result)
-                if done:
-                    return st.result
+        def one(sample: Sample) -> Trajectory | None:
+            if stop.is_set():
+                return None
+            try:
+                st = self._admit(sample, None)
+                if bars:
+                    with lock:
+                        bars.add_turns(1 + (st.chunk is not None))
+                while not stop.is_set():
+                    req = self._request(st)
+                    if st.chunk is not None:
+                        st.prefetched = cutter.submit(next, st.chunks, None)
+                    (comp,) = self._generate([req])
+                    with lock:
+                        done = self._step(st, req, comp, on_turn, bars)
+                        if done and on_result:
+                            on_result(st.sample, st.result)
+                    if done:
+                        return st.result
+                return None
+            except BaseException:
+                stop.set()
+                raise
 
-        with ThreadPoolExecutor(max_workers=self.config.batch_size) as pool:
-            return list(pool.map(one, samples))
+        workers = getattr(self.backend, "concurrency", None) or self.config.batch_size
+        with cutter, ThreadPoolExecutor(max_workers=max(1, min(workers, len(samples)))) as pool:
+            futures = [pool.submit(one, s) for s in samples]
+            out = []
+            for f in futures:  # the first exception, in sample order, once every worker has stopped
+                exc = f.exception()
+                if exc is not None:
+                    stop.set()
+                    for g in futures:
+                        g.cancel()
+                    raise exc
+                out.append(f.result())
+            return out
 
     def _generate(self, requests: list[Request]) -> list[Completion]:
         t0 = time.perf_counter()
@@ -335,9 +405,34 @@ class MemoryAgent:
         share = (time.perf_counter() - t0) / max(len(requests), 1)
         return [c if c.seconds else _with_seconds(c, share) for c in comps]
 
-    def answer(self, question: str, document: str, sample_id: str = "0", **kwargs) -> Trajectory:
-        """Answer one question over one document (see :meth:`run` for keyword arguments)."""
-        return self.run([Sample(sample_id, question, document)], **kwargs)[0]
+    def answer(self, question: str, document, sample_id: str = "0", **kwargs) -> Trajectory:
+        """Answer one question over one document (see :meth:`run` for keyword arguments).
+
+        Args:
+            question: the question.
+            document: the text; or a path (``pathlib.Path``), a binary file object or an iterable of text
+                pieces, read in pieces as the chunks are needed (:func:`memagent.data.sources.document_source`), so
+                a document larger than memory streams.
+            sample_id: the trajectory's sample id.
+        """
+        from memagent.data.sources import document_source
+
+        return self.run([Sample(sample_id, question, document_source(document))], **kwargs)[0]
+
+
+def _affinity(sample_id: str) -> str:
+    """The server-affinity key of a sample: its id, without the ``#g<j>`` of an RL group member (the members
+    share their prompts' prefixes, so they prefer one server too)."""
+    return re.sub(r"#g\d+$", "", sample_id)
+
+
+def _context_chars(chunks: ChunkStream, chunk: Chunk | None) -> tuple[tuple[int, int], ...] | None:
+    """The ranges of the sample's context that ``chunk`` covers (two where it spans the truncation cut)."""
+    if chunk is None:
+        return None
+    if chunks.kept is None:  # not truncated (the length is not known yet): the chunk's own range
+        return ((chunk.start_char, chunk.end_char),)
+    return source_ranges(chunks.kept, chunk.start_char, chunk.end_char)
 
 
 def _refuse_lone_surrogate(text: str, what: str) -> None:

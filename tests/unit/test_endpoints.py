@@ -1,0 +1,167 @@
+"""Several servers (issue 16): least-loaded routing with affinity, failover without a lost or doubled sample,
+health checks, every server down."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+
+from memagent.backends.endpoints import EndpointPool, EndpointsDown, describe_stats
+from memagent.backends.openai_compat import OpenAIBackend
+from memagent.errors import BackendError
+from memagent.types import Message, Request
+
+A, B = "http://a:1/v1", "http://b:2/v1"
+
+
+def _ok(text="ok"):
+    return {"choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]}
+
+
+class Servers:
+    """A MockTransport handler for several hosts; a host in ``dead`` refuses connections."""
+
+    def __init__(self, dead=(), delay_s=0.0):
+        self.dead, self.delay_s = set(dead), delay_s
+        self.posts: list[tuple[str, str]] = []  # (host, request id from the prompt)
+        self.lock = threading.Lock()
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        host = request.url.host
+        if host in self.dead:
+            raise httpx.ConnectError("connection refused")
+        if request.method == "GET":
+            return httpx.Response(200, json={"data": []})
+        rid = json.loads(request.content)["messages"][-1]["content"]
+        with self.lock:
+            self.posts.append((host, rid))
+        time.sleep(self.delay_s)
+        return httpx.Response(200, json=_ok(f"{host}:{rid}"))
+
+
+def _backend(servers, urls=(A, B), **kw):
+    kw.setdefault("retry_wait_s", 0.001)
+    return OpenAIBackend(list(urls), "m", transport=httpx.MockTransport(servers), api_key_env="MEMAGENT_UNSET", **kw)
+
+
+def _req(rid, affinity=None):
+    return Request((Message("user", rid),), max_tokens=4, request_id=rid, affinity=affinity)
+
+
+def test_pool_picks_the_least_loaded_and_keeps_a_key_on_its_endpoint():
+    pool = EndpointPool([A, B], probe=lambda url: None, affinity_slack=1)
+    a1 = pool.acquire("s1")
+    b1 = pool.acquire("s2")
+    assert (a1.url, b1.url) == (A, B)  # a tie goes to the first; then the idle one
+    assert [pool.acquire("s1").url for _ in range(2)] == [A, A]  # back to A while it has at most 1 more than B
+    assert pool.acquire("s1").url == B  # A has 3 in flight against B's 1: over the slack, the least-loaded wins
+    assert pool.acquire("s1").url == B  # ...and s1 now prefers B (2 in flight, A 3)
+    assert [e.in_flight for e in pool.endpoints] == [3, 3]
+    for ep in pool.endpoints:
+        for _ in range(ep.in_flight):
+            pool.release(ep, answered=True)
+    pool.release(pool.acquire(), answered=False)  # an attempt on A (a tie again) that failed
+    assert pool.stats() == {A: {"requests": 3, "failed": 1, "up": True}, B: {"requests": 3, "failed": 0, "up": True}}
+
+
+def test_a_down_endpoint_is_probed_again_and_comes_back():
+    alive = {A: True, B: False}
+
+    def probe(url):
+        if not alive[url]:
+            raise ConnectionError("refused")
+
+    pool = EndpointPool([A, B], probe=probe, recheck_s=0.0)
+    assert pool.mark_down(pool.endpoints[1], "ConnectError") is True
+    assert pool.acquire().url == A and pool.endpoints[1].up is False  # probed, still refusing
+    alive[B] = True
+    pool.acquire()
+    assert pool.endpoints[1].up is True
+    alive[A] = alive[B] = False
+    for ep in pool.endpoints:
+        pool.mark_down(ep, "ConnectError: refused")
+    with pytest.raises(EndpointsDown, match=r"none of the 2 servers answers: http://a:1/v1 \(ConnectionError: refused\)"):
+        pool.acquire()
+
+
+def test_requests_spread_over_two_servers_and_one_sample_stays_on_one():
+    servers = Servers(delay_s=0.01)
+    b = _backend(servers, concurrency=8)
+    reqs = [_req(f"s{k}/chunk{t}", affinity=f"s{k}") for t in range(3) for k in range(8)]
+    for t in range(3):  # turns of 8 samples in flight together, as the agent sends them
+        out = b.generate(reqs[8 * t: 8 * t + 8])
+        assert all(c.finish_reason == "stop" for c in out)
+    hosts = {}
+    for host, rid in servers.posts:
+        hosts.setdefault(rid.split("/")[0], set()).add(host)
+    assert all(len(h) == 1 for h in hosts.values())  # each sample's calls on one server (its prefix cache)
+    counts = b.endpoint_stats()
+    assert counts[A]["requests"] + counts[B]["requests"] == 24 and min(counts[A]["requests"], counts[B]["requests"]) >= 6
+
+
+def test_a_dead_server_leaves_the_rotation_and_its_request_moves_at_once():
+    servers = Servers(dead={"a"})
+    b = _backend(servers, max_retries=0, retry_wait_s=5.0)  # a backoff would take 5 s; a failover takes none
+    t0 = time.perf_counter()
+    (c,) = b.generate([_req("s1/chunk0", affinity="s1")])
+    assert c.text == "b:s1/chunk0" and time.perf_counter() - t0 < 2  # retried on b although max_retries=0
+    assert b.endpoint_stats() == {A: {"requests": 0, "failed": 1, "up": False}, B: {"requests": 1, "failed": 0, "up": True}}
+    assert describe_stats(b.endpoint_stats()) == ("requests per server: http://a:1/v1 0 (1 failed attempts, out of "
+                                                  "the rotation), http://b:2/v1 1")
+    (c,) = b.generate([_req("s2/chunk0")])
+    assert c.text == "b:s2/chunk0" and servers.posts == [("b", "s1/chunk0"), ("b", "s2/chunk0")]
+
+
+def test_unreachable_server_among_several_is_warned_about_and_skipped():
+    b = _backend(Servers(dead={"a"}))
+    with pytest.warns(UserWarning, match=r"cannot reach http://a:1/v1 \(ConnectError: connection refused\): left out "
+                                         r"of the rotation for now"):
+        b.check_reachable()
+    assert [e.up for e in b.pool.endpoints] == [False, True]
+    with pytest.raises(BackendError, match=r"cannot reach http://a:1/v1 \(ConnectError: connection refused\); "
+                                           r"http://b:2/v1 \(ConnectError: connection refused\); is the server running"):
+        _backend(Servers(dead={"a", "b"})).check_reachable()
+
+
+def test_every_server_down_raises_naming_them_all():
+    b = _backend(Servers(dead={"a", "b"}), max_retries=1)
+    with pytest.raises(EndpointsDown, match=r"\[request s1/final\] none of the 2 servers answers: http://a:1/v1 "
+                                            r"\(ConnectError: connection refused\); http://b:2/v1"):
+        b.generate([_req("s1/final")])
+
+
+def test_several_base_urls_from_the_command_line_options():
+    from memagent.backends.factory import BackendOptions
+
+    two = BackendOptions(backend="openai", model="m", base_url=(A, B)).settings()
+    assert two["base_url"] == [A, B] and two["concurrency"] == 256
+    one = BackendOptions(backend="openai", model="m", base_url=A).settings()
+    assert one["base_url"] == A  # one server: recorded as before
+
+
+def test_agent_stops_every_sample_when_all_servers_are_down_and_keeps_finished_rows():
+    from memagent.agent.loop import AgentConfig, MemoryAgent
+    from memagent.backends.scripted import ScriptedBackend
+    from memagent.types import Sample
+
+    calls = []
+
+    class Dying(ScriptedBackend):
+        concurrency = 2
+
+        def generate(self, requests):
+            calls.append(requests[0].request_id)
+            if len(calls) > 4:
+                raise EndpointsDown("none of the 2 servers answers")
+            return super().generate(requests)
+
+    done = []
+    agent = MemoryAgent(Dying(batched=False), AgentConfig(chunk_tokens=1000))
+    samples = [Sample(f"s{k}", "q?", "short document") for k in range(20)]
+    with pytest.raises(EndpointsDown, match="none of the 2 servers"):
+        agent.run(samples, on_result=lambda s, t: done.append(s.id))
+    assert len(done) == 2 and len(calls) <= 7  # two samples finished (2 calls each); the rest stopped at once
