@@ -164,4 +164,6 @@ def test_agent_stops_every_sample_when_all_servers_are_down_and_keeps_finished_r
     samples = [Sample(f"s{k}", "q?", "short document") for k in range(20)]
     with pytest.raises(EndpointsDown, match="none of the 2 servers"):
         agent.run(samples, on_result=lambda s, t: done.append(s.id))
-    assert len(done) == 2 and len(calls) <= 7  # two samples finished (2 calls each); the rest stopped at once
+    # 4 calls answered, 2 samples in flight: the finals of s0 and s1 race, so 1 or 2 samples finished (2 calls
+    # each) before the first failure; the other 18 samples stopped at once (no call beyond those in flight)
+    assert 1 <= len(done) <= 2 and len(calls) <= 7, (done, calls)
