@@ -38,5 +38,19 @@ def test_lora_path_is_in_the_method_hash_only_when_given():
 
 def test_existing_grids_keep_their_method_hashes():
     cfg = EvalConfig.from_yaml("configs/eval_ruler_rl.yaml")
-    assert {m.name: cfg.method_hash(m) for m in cfg.methods} == {"memagent_base": "5012b5fc9907",
-                                                                  "direct": "fb7a0e2af24c"}
+    hashes = {m.name: cfg.method_hash(m) for m in cfg.methods}
+    assert {k: hashes[k] for k in ("memagent_base", "direct")} == {"memagent_base": "5012b5fc9907",
+                                                                   "direct": "fb7a0e2af24c"}
+
+
+def test_an_adapter_retrained_under_the_same_path_changes_the_hash(tmp_path):
+    adapter = tmp_path / "adapter.gguf"
+    grid = {"backend": {"name": "llamacpp"}, "tasks": [{"name": "niah_single_2", "lengths": [2048]}],
+            "methods": [{"name": "rl", "chunk_tokens": 512, "backend": {"lora_path": str(adapter)}}]}
+    cfg = EvalConfig.from_dict(grid)
+    missing = cfg.method_hash(cfg.methods[0])
+    adapter.write_bytes(b"step 18")
+    first = cfg.method_hash(cfg.methods[0])
+    assert first == cfg.method_hash(cfg.methods[0]) != missing
+    adapter.write_bytes(b"step 40")
+    assert cfg.method_hash(cfg.methods[0]) not in (first, missing)

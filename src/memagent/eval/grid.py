@@ -27,6 +27,7 @@ the wrong type (``samples: 2.5``, ``temperature: hot``) is an error naming the k
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import typing
 from dataclasses import asdict, dataclass, field
@@ -285,9 +286,39 @@ class EvalConfig:
     def method_hash(self, method: MethodConfig) -> str:
         """Hash of what determines a method's outputs (method settings, backend, sampling, seed): rows made
         under another hash must not be mixed into this run. Settings added since a record's layout was fixed
-        enter only when off their default (:data:`RECORD_KEYS`), so older run folders keep their hashes."""
+        enter only when off their default (:data:`RECORD_KEYS`), so older run folders keep their hashes.
+
+        A LoRA adapter (backend ``lora_path``: a file or a packaged policy's name) enters by its path and, when
+        the file exists, by the sha256 of its bytes: an adapter retrained under the same path or policy name
+        makes a new hash, so its rows are never mixed with the old adapter's.
+        """
         record = {k: v for k, v in method.record().items() if k != "backend"}
-        return settings_hash([record, self.backend_for(method), self.tokenizer, self.temperature, self.top_p, self.seed])
+        backend = self.backend_for(method)
+        parts: list[Any] = [record, backend, self.tokenizer, self.temperature, self.top_p, self.seed]
+        adapter = _adapter_sha256(backend.get("lora_path"))
+        if adapter is not None:
+            parts.append({"lora_sha256": adapter})
+        return settings_hash(parts)
+
+
+def _adapter_sha256(lora_path: Any) -> str | None:
+    """sha256 of the adapter file a ``lora_path`` setting names (a packaged policy's name resolves to its
+    file), or None when unset or not (yet) a file."""
+    if not lora_path:
+        return None
+    from memagent.policies import resolve_lora
+
+    try:
+        path = Path(resolve_lora(str(lora_path)))
+    except ConfigError:
+        return None
+    if not path.is_file():
+        return None
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _lengths(values: Any, where: str, suffix: bool = True) -> tuple[int, ...]:
