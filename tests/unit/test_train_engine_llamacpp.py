@@ -43,3 +43,19 @@ def test_each_sequence_gets_the_agents_budgets_plus_the_prompt_allowance(tmp_pat
     assert rollout_window_tokens(cfg, 8192) == 512 + 2 * 64 + 48 + 2 * 16 + 1024
     assert rollout_window_tokens(cfg, 1000) == 1000  # capped at the model's window
     assert rollout_window_tokens(cfg, None) == 1744
+
+
+@pytest.mark.parametrize("setting, world, cores, expected", [
+    (None, 1, 2, 2),   # every core: rollouts and the update take turns
+    (None, 4, 2, 1),   # never below one thread per process
+    (None, 2, 16, 8),  # a torchrun job divides the cores among its processes
+    (3, 2, 16, 3),     # run.rollout_threads wins
+])
+def test_rollout_threads_default_to_the_machines_cores(tmp_path, monkeypatch, setting, world, cores, expected):
+    from memagent.train.engine import LlamaCppEngine
+
+    extra = [] if setting is None else [f"run.rollout_threads={setting}"]
+    engine = LlamaCppEngine.__new__(LlamaCppEngine)  # the thread rule only; no GGUF is loaded
+    engine.cfg, engine.dist = _cfg(tmp_path, "run.torch_threads=1", *extra), DistInfo(world_size=world)
+    monkeypatch.setattr("os.cpu_count", lambda: cores)
+    assert engine.rollout_threads() == expected

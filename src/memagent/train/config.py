@@ -178,8 +178,11 @@ class RunConfig:
         stop_after_step: end the process after this step's checkpoint (simulates a kill; for tests).
         tensorboard: also write TensorBoard events.
         keep_checkpoints: most recent checkpoints kept.
-        torch_threads: intra-op CPU threads (``None``: torch's default); on a shared CPU fewer threads
-            can be much faster for small models.
+        torch_threads: intra-op CPU threads of the update (``None``: torch's default); on a shared CPU fewer
+            threads can be much faster for small models.
+        rollout_threads: CPU threads of the llama.cpp rollout engine (``rollout_engine=llamacpp``; ``None``:
+            every core of the machine, divided among the processes of a ``torchrun`` job). Rollouts and
+            updates take turns, so the rollouts may use the cores the update leaves idle.
         distributed: under ``torchrun`` with several processes, ``ddp`` (every process holds the whole
             policy, reference model and optimizer state) or ``fsdp`` (FSDP2 shards them over the processes;
             rollouts run on an unsharded copy; see :mod:`memagent.train.distributed`). No effect in one
@@ -207,6 +210,7 @@ class RunConfig:
     tensorboard: bool = True
     keep_checkpoints: int = 2
     torch_threads: int | None = None
+    rollout_threads: int | None = None
     distributed: Literal["ddp", "fsdp"] = "ddp"
     dist_timeout_s: int = 7200
     rollout_engine: Literal["hf", "vllm", "llamacpp"] = "hf"

@@ -140,11 +140,17 @@ class LlamaCppEngine(RolloutEngine):
         backend, _ = open_backend({
             "name": "llamacpp-batch", "model_path": self.base_path,
             "n_ctx": rollout_window_tokens(self.cfg, model_window), "n_parallel": self.cfg.agent.rollout.batch_size,
-            "n_threads": self.cfg.run.torch_threads, "seed": self.cfg.run.seed + self.dist.rank,
+            "n_threads": self.rollout_threads(), "seed": self.cfg.run.seed + self.dist.rank,
             "keep_stop_token": True})
         pad = self.tokenizer.pad_token_id
         backend.pad_id = pad if pad is not None else self.tokenizer.eos_token_id  # training batches' padding
         return backend
+
+    def rollout_threads(self) -> int:
+        """``run.rollout_threads``, or every core divided among the job's processes (at least 1)."""
+        if self.cfg.run.rollout_threads is not None:
+            return self.cfg.run.rollout_threads
+        return max(1, (os.cpu_count() or 1) // max(1, self.dist.world_size))
 
     def sync(self) -> None:
         """Write the policy's adapter as a llama.cpp LoRA GGUF and push it into the engine."""
