@@ -54,3 +54,20 @@ def test_an_adapter_retrained_under_the_same_path_changes_the_hash(tmp_path):
     assert first == cfg.method_hash(cfg.methods[0]) != missing
     adapter.write_bytes(b"step 40")
     assert cfg.method_hash(cfg.methods[0]) not in (first, missing)
+
+
+def test_transport_settings_stay_out_of_the_method_hash():
+    def hash_of(**backend):
+        cfg = EvalConfig.from_dict({"backend": {"name": "openai", "model": "m", **backend},
+                                    "methods": [{"name": "agent", "chunk_tokens": 512}],
+                                    "tasks": [{"name": "niah_single_2", "lengths": [2048]}]})
+        return cfg.method_hash(cfg.methods[0])
+
+    one = hash_of(base_url="http://a/v1", concurrency=16)
+    assert one == hash_of(base_url=["http://a/v1", "http://b/v1"], concurrency=256, timeout_s=30, max_retries=9,
+                          api_key_env="KEY", n_threads=2)  # more replicas, more in flight: the same answers
+    assert one != hash_of(base_url="http://a/v1", concurrency=16, context_tokens=4096)  # the window is not transport
+    cfg = EvalConfig.from_dict({"backend": {"name": "openai", "model": "other"},
+                                "methods": [{"name": "agent", "chunk_tokens": 512}],
+                                "tasks": [{"name": "niah_single_2", "lengths": [2048]}]})
+    assert cfg.method_hash(cfg.methods[0]) != one  # another model

@@ -58,6 +58,9 @@ GRID_SAMPLING = ("temperature", "top_p", "seed")
 RECORD_KEYS = ("name", "kind", "chunk_tokens", "memory_tokens", "final_tokens", "max_context_tokens", "batch_size",
                "templates", "max_input_tokens", "max_new_tokens")
 
+#: Backend settings that are not part of a method's hash (:meth:`EvalConfig.method_hash`).
+TRANSPORT_KEYS = frozenset({"base_url", "concurrency", "timeout_s", "max_retries", "api_key_env", "n_threads"})
+
 
 @dataclass(frozen=True)
 class MethodConfig:
@@ -291,9 +294,13 @@ class EvalConfig:
         A LoRA adapter (backend ``lora_path``: a file or a packaged policy's name) enters by its path and, when
         the file exists, by the sha256 of its bytes: an adapter retrained under the same path or policy name
         makes a new hash, so its rows are never mixed with the old adapter's.
+
+        Transport settings (:data:`TRANSPORT_KEYS`: server URLs, requests in flight, timeouts, retries, the key's
+        variable, CPU threads) change how fast answers come, not which, and stay out of the hash: a run resumes
+        with more replicas or another concurrency.
         """
         record = {k: v for k, v in method.record().items() if k != "backend"}
-        backend = self.backend_for(method)
+        backend = {k: v for k, v in self.backend_for(method).items() if k not in TRANSPORT_KEYS}
         parts: list[Any] = [record, backend, self.tokenizer, self.temperature, self.top_p, self.seed]
         adapter = _adapter_sha256(backend.get("lora_path"))
         if adapter is not None:
