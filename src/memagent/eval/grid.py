@@ -27,6 +27,7 @@ the wrong type (``samples: 2.5``, ``temperature: hot``) is an error naming the k
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import typing
@@ -321,8 +322,16 @@ def _adapter_sha256(lora_path: Any) -> str | None:
         return None
     if not path.is_file():
         return None
+    st = path.stat()
+    return _file_sha256(str(path.resolve()), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=32)
+def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
+    """sha256 of a file's bytes, read once per (path, size, mtime): the runner asks for a method's hash with
+    every row it writes."""
     digest = hashlib.sha256()
-    with path.open("rb") as f:
+    with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
