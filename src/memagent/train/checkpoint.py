@@ -30,6 +30,7 @@ RESUMABLE_CHANGES = frozenset({
     "run.total_steps", "run.stop_after_step", "run.save_every", "run.val_every", "run.val_before_train",
     "run.keep_checkpoints", "run.tensorboard", "run.torch_threads", "run.rollout_threads", "run.resume", "run.output_dir", "run.distributed",
     "run.dist_timeout_s", "run.rollout_engine", "run.vllm_gpu_memory_utilization",
+    "run.rollout_servers", "run.rollout_adapter_dir", "run.rollout_concurrency",
     "model.logprob_chunk_tokens", "model.gradient_checkpointing", "optim.micro_batch_tokens",
     "rl.shared_prefix", "rl.shared_prefix_min_tokens",
 })

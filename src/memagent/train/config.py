@@ -138,6 +138,12 @@ class RLConfig:
             its keys and values (:mod:`memagent.train.prefix`; same loss and gradients, fewer tokens). A big
             saving with the ``chunk_first`` template, whose G rows of a question at one chunk share the chunk.
         shared_prefix_min_tokens: the shortest prefix worth sharing, in tokens.
+        drop_uniform_groups: leave out of the update the trajectories of groups whose rewards are all equal
+            (all 0 or all 1). Their advantage is 0, so their policy-gradient term is 0 whatever the weights; only
+            their KL term is lost. The loss keeps the denominator of the whole mini-batch (every row's units),
+            so the policy gradient is exactly the one without dropping, at the cost of the groups that carry
+            signal only. DAPO (Yu et al. 2025, "dynamic sampling") filters such groups too, but renormalises and
+            refills the batch; this does neither. One process only (a rank could be left without rows).
     """
 
     group_size: int = 16
@@ -149,6 +155,7 @@ class RLConfig:
     reward: str = "strict_boxed"
     shared_prefix: bool = False
     shared_prefix_min_tokens: int = 32
+    drop_uniform_groups: bool = False
 
 
 @dataclass(frozen=True)
@@ -195,8 +202,18 @@ class RunConfig:
             policy's weights at start and after every step; needs the ``vllm`` package) or ``llamacpp`` (batched
             llama.cpp on an F16 copy of the base GGUF with the LoRA adapter pushed after every step; LoRA
             training with a GGUF base only, e.g. ``model.path: smollm2``; the fast engine on CPU).
+            ``servers``: OpenAI-compatible servers of the base model that load LoRA adapters at run time (vLLM
+            with ``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``), listed in ``rollout_servers``;
+            the adapter is written after every step and loaded on each server under a new name
+            (:mod:`memagent.train.engine_servers`); LoRA training only.
         vllm_gpu_memory_utilization: with ``rollout_engine=vllm``, the fraction of accelerator memory the
             engine may take (weights + KV cache); the rest is left to training.
+        rollout_servers: with ``rollout_engine=servers``, the servers' API roots (``http://host:8000/v1``),
+            replicas of the base model: requests go least-loaded, one group's calls to the same server (its
+            prefix cache), and a server that fails leaves the rotation (:mod:`memagent.backends.endpoints`).
+        rollout_adapter_dir: with ``rollout_engine=servers``, the folder the adapters are written to, as the
+            servers see it (a shared file system when they run elsewhere); default ``output_dir/rollout_adapters``.
+        rollout_concurrency: with ``rollout_engine=servers``, requests in flight at once over all servers.
     """
 
     output_dir: str = "runs/train"
@@ -213,8 +230,11 @@ class RunConfig:
     rollout_threads: int | None = None
     distributed: Literal["ddp", "fsdp"] = "ddp"
     dist_timeout_s: int = 7200
-    rollout_engine: Literal["hf", "vllm", "llamacpp"] = "hf"
+    rollout_engine: Literal["hf", "vllm", "llamacpp", "servers"] = "hf"
     vllm_gpu_memory_utilization: float = 0.3
+    rollout_servers: tuple[str, ...] = ()
+    rollout_adapter_dir: str | None = None
+    rollout_concurrency: int = 256
 
 
 @dataclass(frozen=True)
@@ -257,6 +277,11 @@ class TrainConfig:
             (r.save_every >= 0 and r.val_every >= 0, "need run.save_every >= 0 and run.val_every >= 0 (0 = never)"),
             (r.stop_after_step is None or r.stop_after_step >= 1, "run.stop_after_step must be >= 1 or null"),
             (r.dist_timeout_s >= 1, "run.dist_timeout_s must be >= 1 (seconds)"),
+            (r.rollout_engine != "servers" or len(r.rollout_servers) >= 1, "run.rollout_engine=servers needs "
+             "run.rollout_servers: the API roots of the servers, e.g. [http://127.0.0.1:8000/v1]"),
+            (all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in r.rollout_servers),
+             "run.rollout_servers: every entry must be a URL starting with http:// or https:// (with its /v1 prefix)"),
+            (r.rollout_concurrency >= 1, "run.rollout_concurrency must be >= 1 (requests in flight)"),
             (0 < r.vllm_gpu_memory_utilization <= 1, "run.vllm_gpu_memory_utilization must be in (0, 1] (a fraction "
              "of accelerator memory)"),
             (agent.temperature > 0, "agent.temperature must be > 0: rollouts sample (G rollouts at temperature 0 "

@@ -4,8 +4,10 @@ The trainer talks to an engine through two seams: :attr:`RolloutEngine.backend` 
 :class:`memagent.backends.base.Backend` that returns exact token ids, built through the one backend factory)
 and :meth:`RolloutEngine.sync` (bring the engine up to the policy's weights after an update or a resume).
 :func:`make_engine` picks one from ``run.rollout_engine``: ``hf`` (:class:`RolloutEngine`), ``vllm``
-(:class:`VLLMEngine`) or ``llamacpp`` (:class:`LlamaCppEngine`, a batched
-llama.cpp engine that gets the LoRA adapter pushed after each step). Another engine subclasses
+(:class:`VLLMEngine`), ``llamacpp`` (:class:`LlamaCppEngine`, a batched
+llama.cpp engine that gets the LoRA adapter pushed after each step) or ``servers``
+(:class:`memagent.train.engine_servers.ServerRolloutEngine`: OpenAI-compatible vLLM servers that load the LoRA
+adapter at run time). Another engine subclasses
 :class:`RolloutEngine` and is added there.
 
 Under FSDP the policy is sharded, so rollouts run on an unsharded copy (:attr:`RolloutEngine.rollout_policy`)
@@ -161,8 +163,14 @@ class LlamaCppEngine(RolloutEngine):
         self.backend.load_adapter(self.adapter_path)
 
 
-#: ``run.rollout_engine`` -> engine class.
-ENGINES = {"hf": RolloutEngine, "vllm": VLLMEngine, "llamacpp": LlamaCppEngine}
+def _server_engine(cfg, dist, policy, tokenizer, fsdp):
+    from memagent.train.engine_servers import ServerRolloutEngine
+
+    return ServerRolloutEngine(cfg, dist, policy, tokenizer, fsdp)
+
+
+#: ``run.rollout_engine`` -> engine class (or factory).
+ENGINES = {"hf": RolloutEngine, "vllm": VLLMEngine, "llamacpp": LlamaCppEngine, "servers": _server_engine}
 
 
 def make_engine(cfg: TrainConfig, dist: DistInfo, policy: torch.nn.Module, tokenizer: Any, fsdp: bool) -> RolloutEngine:

@@ -65,7 +65,7 @@ def step_metrics(step: int, ro, rewards: torch.Tensor, groups: torch.Tensor, row
         "conv/per_traj_max": float(conv_max),
         "response_tokens/mean": float(red[4] / red[3]),
         "entropy/mean": entropy,
-        "grad_norm": float(sum(norms) / len(norms)), "skipped_updates": skipped_updates,
+        "grad_norm": float(sum(norms) / len(norms)) if norms else 0.0, "skipped_updates": skipped_updates,
         "time/rollout_s": ro.seconds, "time/update_s": update_s,
         "tokens/rollout_per_s": ro.response_tokens / max(ro.seconds, 1e-9),
         "tokens/update_per_s": sum(r.num_tokens for r in ro.rows) / max(update_s, 1e-9),
@@ -74,4 +74,6 @@ def step_metrics(step: int, ro, rewards: torch.Tensor, groups: torch.Tensor, row
     for k in ("loss", "pg/loss", "kl/mean", *TOKEN_MEANS):
         if k in sums:
             m[k] = sums[k] / nb
+    if "update/rows_kept_frac" in sums:  # the share of rows the update computed (< 1: rl.drop_uniform_groups)
+        m["update/rows_kept_frac"] = sums["update/rows_kept_frac"]
     return m

@@ -46,7 +46,7 @@ from memagent.train.engine import make_engine
 from memagent.train.metrics import reduce_mini_batch, step_metrics
 from memagent.train.policy import load_policy, lr_lambda, make_optimizer, seed_everything  # noqa: F401 - re-exported
 from memagent.train.rollout import collect_rollouts
-from memagent.train.update import mini_batch_backward
+from memagent.train.update import mini_batch_backward, mini_batch_units
 
 
 class Trainer:
@@ -115,6 +115,9 @@ class Trainer:
         if self.cfg.run.distributed == "fsdp" and self.dist.enabled and (self.cfg.model.lora.enabled or rl.shared_prefix):
             raise ConfigError("model.lora and rl.shared_prefix are not supported with run.distributed=fsdp (FSDP ranks "
                               "must run the same per-layer passes; LoRA's adapters are small): use run.distributed=ddp")
+        if rl.drop_uniform_groups and self.dist.enabled:
+            raise ConfigError("rl.drop_uniform_groups runs in one process only (a process could be left without "
+                              "rows, and its collectives would not pair up): set it to false under torchrun")
 
     def _make_reference(self):
         """``(reference module, reference context)``: with LoRA the reference model is the policy with its adapter
@@ -210,14 +213,25 @@ class Trainer:
         old, ent, ref = self._reference_logprobs(rows)
         sums: dict[str, float] = {}
         norms = []
+        kept = 0
         for part in split_trajectories(row_traj.tolist(), rl.mini_batches):
-            m = self._update(rows, part, row_adv, old, ref)
+            units = None
+            if rl.drop_uniform_groups:  # zero-advantage rows add nothing to the policy gradient: leave them out
+                units = mini_batch_units([rows[i] for i in part], rl.loss, self.pad_id)
+                part = [i for i in part if float(traj_adv[row_traj[i]]) != 0.0]
+            kept += len(part)
+            if not part:
+                continue
+            m = self._update(rows, part, row_adv, old, ref, units)
             norms.append(self._optimizer_step())
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + v
+        sums["update/rows_kept_frac"] = kept / max(1, len(rows))
         self.sync_rollout_policy()
         lr = self.scheduler.get_last_lr()[0]
-        self.scheduler.step()
+        with warnings.catch_warnings():  # a step without an optimizer step (every group uniform) still advances
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
+            self.scheduler.step()
         self.step += 1
         return step_metrics(self.step, ro, rewards, groups, row_traj, ent, adv_metrics, sums, norms, lr,
                             time.perf_counter() - t_up, rl.mini_batches, self.skipped_updates)
@@ -238,15 +252,16 @@ class Trainer:
         ref = row_logprobs(self.ref_scorer, rows, self.pad_id, budget, False, eq, share)[0] if self.ref_scorer else None
         return old, ent, ref
 
-    def _update(self, rows, part, row_adv, old, ref) -> dict[str, float]:
-        """The gradient of one mini-batch (the rows of whole trajectories ``part``), its metrics over ranks."""
+    def _update(self, rows, part, row_adv, old, ref, units=None) -> dict[str, float]:
+        """The gradient of one mini-batch (the rows of whole trajectories ``part``), its metrics over ranks;
+        ``units``: the loss denominator when ``part`` is what is left of a larger mini-batch."""
         self.optimizer.zero_grad(set_to_none=True)
         m = mini_batch_backward(
             self.ddp, [rows[i] for i in part], row_adv[part], [old[i] for i in part] if old is not None else None,
             [ref[i] for i in part] if ref is not None else None, self.cfg.rl.loss, self.pad_id,
             self.cfg.optim.micro_batch_tokens, all_reduce_sum if self.dist.enabled else None, self.dist.world_size,
             log_entropy=self.cfg.rl.mini_batches == 1, equal_forwards=self.equal_forwards,
-            min_shared_tokens=self.min_shared_tokens, reference=self.reference_context,
+            min_shared_tokens=self.min_shared_tokens, reference=self.reference_context, total_units=units,
         )
         return reduce_mini_batch(m) if self.dist.enabled else m
 

@@ -39,6 +39,7 @@ def mini_batch_backward(
     equal_forwards: Callable[[int], int] | None = None,
     min_shared_tokens: int | None = None,
     reference: Callable[[], contextlib.AbstractContextManager] | None = None,
+    total_units: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """Accumulate the gradient of the mini-batch loss into ``model``'s parameters (no optimizer step).
 
@@ -78,7 +79,7 @@ def mini_batch_backward(
     full = pad_rows(rows, pad_id)
     mask = row_loss_mask(full.response_mask, torch.tensor([r.is_final for r in rows]), settings.mask_final)
     traj = torch.tensor([r.traj_index for r in rows])
-    units = aggregation_units(mask, settings.agg_mode, traj)
+    units = aggregation_units(mask, settings.agg_mode, traj) if total_units is None else total_units
     if all_reduce_sum is not None:
         units = all_reduce_sum(units.clone())
     weights = aggregation_weights(mask, settings.agg_mode, traj, settings.horizon_tokens, total_units=units)
@@ -100,6 +101,15 @@ def mini_batch_backward(
         if key in sums:
             sums[key] /= tokens
     return sums
+
+
+def mini_batch_units(rows: Sequence[Row], settings: LossSettings, pad_id: int) -> torch.Tensor:
+    """The loss denominator of a mini-batch of ``rows`` (0-d float64): tokens, rows or trajectories as
+    ``settings.agg_mode`` counts them (:func:`memagent.rl.losses.aggregation_units`), over the same loss mask
+    :func:`mini_batch_backward` uses."""
+    full = pad_rows(rows, pad_id)
+    mask = row_loss_mask(full.response_mask, torch.tensor([r.is_final for r in rows]), settings.mask_final)
+    return aggregation_units(mask, settings.agg_mode, torch.tensor([r.traj_index for r in rows]))
 
 
 def _dummy_steps(model, reference, pad_id: int, done: int, total: int) -> None:
