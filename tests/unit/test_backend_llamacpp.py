@@ -161,3 +161,19 @@ def test_chat_template_override():
         assert b.tokenizer.decode(ids) == "user: Hi <|im_end|>\nassistant:"
     with pytest.raises(ConfigError, match="is closed"):
         b.generate([_ask("hi")])
+
+
+def test_extra_buffer_types_are_off_on_cpus_that_report_amx(tmp_path, monkeypatch):
+    from memagent.backends.llamacpp import use_extra_buffer_types
+
+    amx, plain = tmp_path / "amx", tmp_path / "plain"
+    amx.write_text("processor\t: 0\nflags\t\t: fpu avx512f amx_bf16 amx_tile amx_int8\n")
+    plain.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16\n")
+    monkeypatch.delenv("MEMAGENT_LLAMACPP_EXTRA_BUFTS", raising=False)
+    assert use_extra_buffer_types(str(amx)) is False
+    assert use_extra_buffer_types(str(plain)) is True
+    assert use_extra_buffer_types(str(tmp_path / "missing")) is True
+    monkeypatch.setenv("MEMAGENT_LLAMACPP_EXTRA_BUFTS", "1")
+    assert use_extra_buffer_types(str(amx)) is True
+    monkeypatch.setenv("MEMAGENT_LLAMACPP_EXTRA_BUFTS", "off")
+    assert use_extra_buffer_types(str(plain)) is False

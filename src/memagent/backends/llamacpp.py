@@ -12,14 +12,23 @@ save little).
 
 Source: reference doc §1.5 (generation budgets) and §5 (the sync training path renders the template once
 and works in token space, as this backend does).
+
+CPUs with AMX: llama.cpp built with ``-march=native`` on such a CPU moves quantized weights into an AMX
+"extra buffer type" and runs AMX tile kernels on them. On some virtual machines that report AMX (measured: a
+Firecracker guest, kernel 6.18, Sapphire-Rapids-class host) those kernels die with an illegal instruction
+(``tileloadd``), killing the process. Models are therefore loaded without extra buffer types on CPUs that
+report AMX (:func:`use_extra_buffer_types`); set ``MEMAGENT_LLAMACPP_EXTRA_BUFTS=1`` to keep them where AMX
+works, ``0`` to turn them off everywhere. Without them llama.cpp runs its AVX2/AVX-512 kernels.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from memagent.backends.base import check_request
 from memagent.backends.chat import encode_pieces, messages_as_dicts, render_pieces
@@ -30,6 +39,48 @@ from memagent.tokenization import LlamaCppTokenizer
 from memagent.types import Completion, Message, Request, Usage
 
 _SEED_RANGE = 2**31 - 1
+_PARAMS_LOCK = threading.Lock()
+
+
+def use_extra_buffer_types(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether llama.cpp may place weights in its extra buffer types (AMX, CPU repacking): the environment
+    variable ``MEMAGENT_LLAMACPP_EXTRA_BUFTS`` (``1``/``0``) when set, else True unless the ``flags`` of
+    ``cpuinfo`` report AMX (``amx_tile``; see the module docstring). An unreadable file counts as no AMX."""
+    env = os.environ.get("MEMAGENT_LLAMACPP_EXTRA_BUFTS", "").strip().lower()
+    if env in ("1", "true", "yes", "on"):
+        return True
+    if env in ("0", "false", "no", "off"):
+        return False
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            return not any(line.startswith("flags") and " amx_tile" in f" {line.split(':', 1)[-1]} " for line in f)
+    except OSError:
+        return True
+
+
+@contextlib.contextmanager
+def model_params_for_loading() -> Iterator[None]:
+    """While a ``llama_cpp.Llama`` is constructed inside it, its model parameters have ``use_extra_bufts``
+    set by :func:`use_extra_buffer_types` (llama-cpp-python does not expose the field as an argument)."""
+    if use_extra_buffer_types():
+        yield
+        return
+    import llama_cpp.llama as binding
+
+    with _PARAMS_LOCK:
+        original = binding.llama_cpp.llama_model_default_params
+
+        def params():
+            p = original()
+            if hasattr(p, "use_extra_bufts"):
+                p.use_extra_bufts = False
+            return p
+
+        binding.llama_cpp.llama_model_default_params = params
+        try:
+            yield
+        finally:
+            binding.llama_cpp.llama_model_default_params = original
 
 
 class LlamaCppBackend:
@@ -94,15 +145,16 @@ class LlamaCppBackend:
         if threads < 1:
             raise ConfigError(f"n_threads must be >= 1, got {threads}")
         try:
-            self._llm = Llama(
-                path,
-                n_ctx=self._own_context_tokens(n_ctx),
-                n_threads=threads,
-                n_threads_batch=threads,
-                n_batch=n_batch,
-                seed=seed,
-                verbose=verbose,
-            )
+            with model_params_for_loading():
+                self._llm = Llama(
+                    path,
+                    n_ctx=self._own_context_tokens(n_ctx),
+                    n_threads=threads,
+                    n_threads_batch=threads,
+                    n_batch=n_batch,
+                    seed=seed,
+                    verbose=verbose,
+                )
         except ValueError as e:  # llama.cpp could not read the file
             raise ConfigError(f"llama.cpp cannot load {path!r} ({e}); is it a GGUF model file?") from e
         vocab = self._llm._model.vocab
