@@ -77,7 +77,9 @@ class LoraServersBackend(OpenAIBackend):
             BackendError: the server refused the adapter (the message names the server and its answer).
         """
         resp = self._client.post(f"{url}/load_lora_adapter", json={"lora_name": name, "lora_path": path})
-        if resp.status_code >= 400:
+        # names are new for every version, so "already loaded" means a concurrent health check loaded it
+        already = resp.status_code == 400 and "already" in resp.text.lower()
+        if resp.status_code >= 400 and not already:
             raise BackendError(f"{url} refused LoRA adapter {name!r} from {path} (HTTP {resp.status_code}: "
                                f"{resp.text[:300]}); start vLLM with --enable-lora --max-lora-rank >= the adapter's "
                                "rank and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, and give it read access to "
