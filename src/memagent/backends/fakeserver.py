@@ -10,7 +10,8 @@ For training rollouts on servers it also takes vLLM's run-time LoRA calls (``POS
 ``/v1/unload_lora_adapter``: the folder must hold an ``adapter_config.json``; once an adapter has been loaded, a
 request naming an unknown model gets vLLM's 404), and with a tokenizer it answers ``return_token_ids`` requests
 with ``prompt_token_ids`` (of the messages' contents joined, not a real chat template) and ``token_ids`` (the
-reply's tokens and the end-of-sequence id).
+reply's tokens and the end-of-sequence id). ``--strict-models`` refuses an unknown model name from the start
+(a restarted vLLM server that has not been given the adapter yet).
 
 Run::
 
@@ -40,8 +41,9 @@ class FakeServer:
         by_model: answered chat requests per requested model name.
     """
 
-    def __init__(self, latency_s: float = 0.5, model: str = "fake", tokenizer=None, eos_id: int = 0):
-        self.latency_s, self.model = latency_s, model
+    def __init__(self, latency_s: float = 0.5, model: str = "fake", tokenizer=None, eos_id: int = 0,
+                 strict_models: bool = False):
+        self.latency_s, self.model, self.strict_models = latency_s, model, strict_models
         self.tokenizer, self.eos_id = tokenizer, eos_id
         self.served = 0
         self.in_flight = 0
@@ -72,8 +74,8 @@ class FakeServer:
         return 200, {"message": f"Success: LoRA adapter '{name}' added successfully."}
 
     async def _answer(self, method: str, path: str, body: bytes) -> tuple[int, dict]:
-        if method == "GET" and path.rstrip("/") in ("/v1/models", "/models"):
-            return 200, {"object": "list", "data": [{"id": self.model, "object": "model"}]}
+        if method == "GET" and path.rstrip("/") in ("/v1/models", "/models"):  # with the loaded adapters, as vLLM
+            return 200, {"object": "list", "data": [{"id": m, "object": "model"} for m in (self.model, *self.adapters)]}
         if method == "GET" and path == "/stats":
             return 200, {"served": self.served, "max_in_flight": self.max_in_flight, "by_model": self.by_model,
                          "adapters": sorted(self.adapters)}
@@ -88,7 +90,7 @@ class FakeServer:
         except (ValueError, KeyError, IndexError, TypeError):
             return 400, {"error": {"message": "expected a chat completions body"}}
         model = req.get("model", self.model)
-        if self.lora_loads and model != self.model and model not in self.adapters:
+        if (self.lora_loads or self.strict_models) and model != self.model and model not in self.adapters:
             return 404, {"error": {"message": f"The model `{model}` does not exist.", "code": 404}}
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
@@ -137,10 +139,11 @@ def file_tokenizer(path: str):
 
 
 async def serve(port: int, latency_s: float, host: str = "127.0.0.1", tokenizer: str | None = None,
-                eos_id: int = 0) -> None:
+                eos_id: int = 0, strict_models: bool = False) -> None:
     """Listen on ``host:port`` (0: any free port) and print ``listening on <port>`` once ready; ``tokenizer``: a
     ``tokenizer.json`` for ``return_token_ids`` answers."""
-    server = FakeServer(latency_s, tokenizer=file_tokenizer(tokenizer) if tokenizer else None, eos_id=eos_id)
+    server = FakeServer(latency_s, tokenizer=file_tokenizer(tokenizer) if tokenizer else None, eos_id=eos_id,
+                        strict_models=strict_models)
     srv = await asyncio.start_server(server.handle, host, port, backlog=4096)
     print(f"listening on {srv.sockets[0].getsockname()[1]}", flush=True)
     async with srv:
@@ -153,9 +156,11 @@ def main() -> None:
     ap.add_argument("--latency", type=float, default=0.5, help="seconds before each answer")
     ap.add_argument("--tokenizer", default=None, help="a tokenizer.json: answer return_token_ids requests with ids")
     ap.add_argument("--eos-id", type=int, default=0, help="the end-of-sequence id appended to token_ids")
+    ap.add_argument("--strict-models", action="store_true", help="404 for a model name it does not serve, from the start")
     args = ap.parse_args()
     try:
-        asyncio.run(serve(args.port, args.latency, tokenizer=args.tokenizer, eos_id=args.eos_id))
+        asyncio.run(serve(args.port, args.latency, tokenizer=args.tokenizer, eos_id=args.eos_id,
+                          strict_models=args.strict_models))
     except KeyboardInterrupt:
         pass
 

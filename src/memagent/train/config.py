@@ -139,11 +139,12 @@ class RLConfig:
             saving with the ``chunk_first`` template, whose G rows of a question at one chunk share the chunk.
         shared_prefix_min_tokens: the shortest prefix worth sharing, in tokens.
         drop_uniform_groups: leave out of the update the trajectories of groups whose rewards are all equal
-            (all 0 or all 1). Their advantage is 0, so their policy-gradient term is 0 whatever the weights; only
-            their KL term is lost. The loss keeps the denominator of the whole mini-batch (every row's units),
-            so the policy gradient is exactly the one without dropping, at the cost of the groups that carry
-            signal only. DAPO (Yu et al. 2025, "dynamic sampling") filters such groups too, but renormalises and
-            refills the batch; this does neither. One process only (a rank could be left without rows).
+            (all 0 or all 1). Their advantage is 0, so their policy-gradient term is 0 whatever the weights. The
+            loss keeps the denominator of the whole mini-batch (every row's units), so the policy-gradient term
+            is exactly the one without dropping; the KL term and entropy bonus of the dropped rows are lost, and
+            a mini-batch left without rows makes no optimizer step (no momentum or weight decay either). DAPO
+            (Yu et al. 2025, "dynamic sampling") filters such groups too, but renormalises and refills the
+            batch; this does neither. One process only (a rank could be left without rows).
     """
 
     group_size: int = 16

@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
 import uuid
 import warnings
 from typing import Any
 
 import httpx
 
-from memagent.backends.openai_compat import OpenAIBackend
+from memagent.backends.openai_compat import OpenAIBackend, _Transient
 from memagent.errors import BackendError, ConfigError
 
 #: Adapter folders kept on disk (the current one and the one before it, which requests of a step that
@@ -56,28 +55,49 @@ class LoraServersBackend(OpenAIBackend):
         extra = dict(kwargs.pop("extra_body", None) or {})
         extra.setdefault("return_token_ids", True)  # the exact prompt and response ids (vLLM >= 0.10.2)
         extra.setdefault("skip_special_tokens", False)
+        # sample from the policy's own distribution: without these vLLM applies the model's generation config
+        # (e.g. a top_k), and the rollouts would be off-policy with nothing to correct it. A repetition penalty
+        # is the request's own setting; start vLLM with --generation-config vllm so none comes from the model.
+        for key, value in (("top_k", -1), ("min_p", 0.0)):
+            extra.setdefault(key, value)
         super().__init__(base_url, base_model, tokenizer=tokenizer, extra_body=extra, **kwargs)
         self.base_model, self.pad_id = base_model, pad_id
         self.adapter: tuple[str, str] | None = None
         self.loaded: dict[str, str] = {}
-        self._adapter_lock = threading.Lock()
 
-    # the pool's health check: a server that answers is given the current adapter before it takes requests
+    # The pool's health check, run for a server out of the rotation (and once per server at start): a server
+    # that answers is given the current adapter before it takes requests again. It is loaded every time, not
+    # only when this client thinks the server lacks it: a server that went down may have restarted empty.
     def _probe(self, url: str, timeout_s: float = 2.0) -> httpx.Response:
         resp = super()._probe(url, timeout_s)
-        if self.adapter is not None and self.loaded.get(url) != self.adapter[0]:
-            self._load(url, *self.adapter)
+        if self.adapter is not None:
+            self._load(url, *self.adapter, timeout_s=max(timeout_s, 30.0))
         return resp
 
-    def _load(self, url: str, name: str, path: str) -> None:
+    def _read(self, resp: httpx.Response, request):
+        # a server that restarted between two requests (its kept-alive connection reopened at once, so it never
+        # left the rotation) answers 404 for the adapter it no longer holds: take it out of the rotation, where
+        # its health check loads the adapter again, and retry the request elsewhere (or there, once loaded)
+        if resp.status_code == 404 and self.adapter is not None and self.adapter[0] in resp.text:
+            url = str(resp.request.url)
+            ep = next((e for e in self.pool.endpoints if url.startswith(e.url + "/")), None)
+            if ep is not None:
+                self.loaded.pop(ep.url, None)
+                self.pool.mark_down(ep, f"it lost LoRA adapter {self.adapter[0]} (restarted?)")
+                raise _Transient(BackendError(f"{ep.url} does not hold adapter {self.adapter[0]} (restarted?); "
+                                              "loading it again", request.request_id), failover=True)
+        return super()._read(resp, request)
+
+    def _load(self, url: str, name: str, path: str, timeout_s: float | None = None) -> None:
         """Load adapter ``name`` from ``path`` on the server at ``url``, then unload the one it held.
 
         Raises:
             httpx.HTTPError: the server cannot be reached.
             BackendError: the server refused the adapter (the message names the server and its answer).
         """
-        resp = self._client.post(f"{url}/load_lora_adapter", json={"lora_name": name, "lora_path": path})
-        # names are new for every version, so "already loaded" means a concurrent health check loaded it
+        kw = {"timeout": timeout_s} if timeout_s is not None else {}
+        resp = self._client.post(f"{url}/load_lora_adapter", json={"lora_name": name, "lora_path": path}, **kw)
+        # names are new for every version, so "already loaded" means this server kept it (it did not restart)
         already = resp.status_code == 400 and "already" in resp.text.lower()
         if resp.status_code >= 400 and not already:
             raise BackendError(f"{url} refused LoRA adapter {name!r} from {path} (HTTP {resp.status_code}: "
@@ -85,8 +105,7 @@ class LoraServersBackend(OpenAIBackend):
                                "rank and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, and give it read access to "
                                "run.rollout_adapter_dir")
         old = self.loaded.get(url)
-        with self._adapter_lock:
-            self.loaded[url] = name
+        self.loaded[url] = name
         if old is not None and old != name:
             try:
                 self._client.post(f"{url}/unload_lora_adapter", json={"lora_name": old})
@@ -162,6 +181,7 @@ class ServerRolloutEngine:
         self.published = 0
         self.versions: list[str] = []
         self.sync()
+        check_token_ids(self.backend)  # on the adapter just published: a name every server serves
 
     def sync(self) -> None:
         """Write the policy's adapter to a new folder and load it on every server."""
@@ -184,3 +204,23 @@ class ServerRolloutEngine:
     def close(self) -> None:
         self.backend.close()
 
+
+
+def check_token_ids(backend: LoraServersBackend) -> None:
+    """One 1-token request: the servers must return the exact prompt and response token ids, which the update
+    trains on.
+
+    Raises:
+        ConfigError: the answer has no ``prompt_token_ids`` or ``token_ids`` (a server that ignores
+            ``return_token_ids``: vLLM before 0.10.2, SGLang, llama.cpp's server).
+    """
+    from memagent.types import Message, Request
+
+    comp = backend.generate([Request(messages=(Message("user", "Say OK."),), max_tokens=1, temperature=1.0,
+                                     top_p=1.0, request_id="token-id-check")])[0]
+    if comp.error is not None:
+        raise BackendError(f"the rollout servers failed a 1-token request: {comp.error}")
+    if comp.prompt_token_ids is None or comp.token_ids is None:
+        raise ConfigError("run.rollout_engine=servers trains on the exact token ids the servers sampled, and "
+                          f"{', '.join(backend.base_urls)} did not return them (prompt_token_ids / token_ids with "
+                          "return_token_ids=true): use vLLM >= 0.10.2, or run.rollout_engine vllm/llamacpp/hf")
