@@ -60,7 +60,10 @@ def test_logprobs_are_the_log_softmax_at_the_sampling_temperature(backends, gguf
     _, batched = backends
     (c,) = batched.generate([_requests(0.7, n=1, max_tokens=8)[0]])
     # the reference decodes like the engine: the prompt in one batch, then one token per call
-    llm = Llama(gguf_path, n_ctx=1024, logits_all=True, verbose=False, n_threads=1)
+    from memagent.backends.llamacpp import model_params_for_loading
+
+    with model_params_for_loading():  # as the backends load it (no AMX buffers on CPUs that report AMX)
+        llm = Llama(gguf_path, n_ctx=1024, logits_all=True, verbose=False, n_threads=1)
     try:
         llm.eval(list(c.prompt_token_ids))
         rows = [np.array(llm.scores[len(c.prompt_token_ids) - 1], dtype=np.float64)]

@@ -63,7 +63,10 @@ def ground_truth(gguf_path, tmp_path_factory):
 def _llama_logits(model_path, ids, lora_path=None):
     from llama_cpp import Llama
 
-    llm = Llama(model_path, n_ctx=256, logits_all=True, verbose=False, lora_path=lora_path, n_threads=2)
+    from memagent.backends.llamacpp import model_params_for_loading
+
+    with model_params_for_loading():  # as the backends load it (no AMX buffers on CPUs that report AMX)
+        llm = Llama(model_path, n_ctx=256, logits_all=True, verbose=False, lora_path=lora_path, n_threads=2)
     try:
         llm.eval(ids)
         return np.array(llm.scores[: len(ids)])
@@ -95,7 +98,10 @@ def test_lora_adapter_on_quantized_base_adds_no_disagreement(ground_truth, gguf_
     lora_llama = _llama_logits(gguf_path, gt["ids"], gt["adapter"])
     assert np.abs(lora_llama - gt["lora"]).max() < 1.5 * base_gap
     assert np.abs(lora_llama - gt["base"]).max() > 2 * base_gap  # and still clearly the adapted model
-    llm = Llama(gguf_path, n_ctx=256, verbose=False, lora_path=gt["adapter"], n_threads=2)
+    from memagent.backends.llamacpp import model_params_for_loading
+
+    with model_params_for_loading():
+        llm = Llama(gguf_path, n_ctx=256, verbose=False, lora_path=gt["adapter"], n_threads=2)
     try:
         out = []
         for t in llm.generate(gt["ids"], top_k=1, temp=0.0, repeat_penalty=1.0):
