@@ -43,7 +43,12 @@ def _llama_server(tmp_path):
         pytest.skip(str(e))
     port = _free_port()
     log_path = tmp_path / f"server-{port}.log"
-    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--model_alias", ALIAS, "--host", "127.0.0.1",
+    # llama_cpp.server run under memagent's loading rule (no AMX buffers on CPUs that report AMX, where its
+    # kernels die with SIGILL on some VMs); everything else is the server's own command line
+    launch = ("import runpy, sys; from memagent.backends.llamacpp import model_params_for_loading\n"
+              "sys.argv[0] = 'llama_cpp.server'\n"
+              "with model_params_for_loading(): runpy.run_module('llama_cpp.server', run_name='__main__')")
+    cmd = [sys.executable, "-c", launch, "--model", gguf, "--model_alias", ALIAS, "--host", "127.0.0.1",
            "--port", str(port), "--n_ctx", str(N_CTX), "--n_threads", "2", "--n_threads_batch", "2"]  # fmt: skip
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
