@@ -61,7 +61,7 @@ class LoraServersBackend(OpenAIBackend):
         for key, value in (("top_k", -1), ("min_p", 0.0)):
             extra.setdefault(key, value)
         super().__init__(base_url, base_model, tokenizer=tokenizer, extra_body=extra, **kwargs)
-        self.base_model, self.pad_id = base_model, pad_id
+        self.pad_id = pad_id
         self.adapter: tuple[str, str] | None = None
         self.loaded: dict[str, str] = {}
 
