@@ -320,11 +320,12 @@ def demo(
 
 
 def _with_policy(agent_config, backend_options, defaults: dict | None = None):
-    """``--lora NAME`` of a packaged policy: its trained agent settings for the options left at their defaults."""
+    """``--lora NAME`` of a packaged policy: its trained agent settings for the options left at their defaults
+    (its base model is loaded by the backend factory when ``--model`` is not given)."""
     import dataclasses
 
     from memagent.agent.config import AgentConfig
-    from memagent.policies import agent_overrides
+    from memagent.policies import agent_overrides, base_model
 
     fields = [f.name for f in dataclasses.fields(AgentConfig)]
     base = {**{k: getattr(AgentConfig(), k) for k in fields}, **(defaults or {})}
@@ -332,9 +333,12 @@ def _with_policy(agent_config, backend_options, defaults: dict | None = None):
         changes = agent_overrides(backend_options.lora_path, {k: getattr(agent_config, k) for k in fields}, base)
     except MemagentError as e:
         _fail(e)
-    if changes:
+    # the policy's base model, when no --model is given (the name was checked by agent_overrides)
+    model = base_model(backend_options.lora_path) if backend_options.model is None else None
+    shown = {**({"model": model} if model else {}), **changes}
+    if shown:
         typer.echo(f"policy {backend_options.lora_path}: with the settings it was trained with: "
-                   + ", ".join(f"{k}={v}" for k, v in changes.items()), err=True)
+                   + ", ".join(f"{k}={v}" for k, v in shown.items()), err=True)
     return dataclasses.replace(agent_config, **changes)
 
 
@@ -348,7 +352,13 @@ def _demo_ruler(task, length, index, data_root, trace, agent_config, backend_opt
     from memagent.eval.demo import Column, evidence_chunks, side_by_side
     from memagent.runfiles import write_trace
 
-    variants = [("untrained", dataclasses.replace(backend_options, lora_path=None))]
+    from memagent.policies import base_model
+
+    try:  # the untrained column reads with the base model the policy's adapter goes on
+        model = backend_options.model or base_model(backend_options.lora_path)
+    except MemagentError as e:
+        _fail(e)
+    variants = [("untrained", dataclasses.replace(backend_options, lora_path=None, model=model))]
     if backend_options.lora_path:
         variants.append((f"trained: {backend_options.lora_path}", backend_options))
     columns = []

@@ -43,3 +43,31 @@ def test_trained_settings_fill_only_the_options_left_at_their_defaults(packaged)
     assert policies.agent_overrides("niah-test", current, defaults) == {
         "chunk_tokens": 512, "final_tokens": 48, "templates": "chunk_first"}
     assert policies.agent_overrides("some/file.gguf", current, defaults) == {}
+
+
+def test_base_model_is_the_policys_base_spec_and_none_for_the_shipped_file(packaged):
+    assert policies.base_model("niah-test") is None  # base: smollm2 = the shipped Q4_1 file, the default
+    info = json.loads((packaged / "policy.json").read_text())
+    (packaged / "policy.json").write_text(json.dumps({**info, "base": "smollm2-f16"}))
+    assert policies.base_model("niah-test") == "smollm2-f16"
+    assert policies.base_model("runs/x/adapter.gguf") is None and policies.base_model(None) is None
+    with pytest.raises(ConfigError, match="no packaged policy 'nope'"):
+        policies.base_model("nope")
+
+
+def test_open_backend_loads_the_policys_base_unless_a_model_is_given(packaged, monkeypatch):
+    import memagent.backends as backends
+    from memagent.backends.factory import open_backend
+
+    info = json.loads((packaged / "policy.json").read_text())
+    (packaged / "policy.json").write_text(json.dumps({**info, "base": "smollm2-f16"}))
+    seen = []
+    monkeypatch.setattr(backends, "make_backend", lambda name, **kw: seen.append((name, kw)) or object())
+    open_backend({"name": "llamacpp", "n_ctx": 2048, "lora_path": "niah-test"})
+    open_backend({"name": "llamacpp-batch", "model_path": "my.gguf", "lora_path": "niah-test"})
+    open_backend({"name": "llamacpp", "lora_path": "some/adapter.gguf"})
+    assert seen == [
+        ("llamacpp", {"n_ctx": 2048, "lora_path": str(packaged / "adapter.gguf"), "model_path": "smollm2-f16"}),
+        ("llamacpp-batch", {"model_path": "my.gguf", "lora_path": str(packaged / "adapter.gguf")}),
+        ("llamacpp", {"lora_path": "some/adapter.gguf"}),
+    ]

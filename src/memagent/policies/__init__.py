@@ -5,7 +5,8 @@ RUN --format lora-gguf``) and ``policy.json``: the base model it adapts, the age
 (chunk, memory and final-answer budgets in tokens, templates), and its provenance (training config, data
 recipe, steps, metrics, the adapter's sha256). ``--lora NAME`` (``memagent run``/``demo``) and
 ``backend: {lora_path: NAME}`` in an eval grid accept such a name besides a file path; the CLI then also
-takes the policy's agent settings for every agent option left at its default (:func:`agent_overrides`).
+takes the policy's agent settings for every agent option left at its default (:func:`agent_overrides`), and
+a llama.cpp backend given no model loads the policy's ``base`` (:func:`base_model`).
 """
 
 from __future__ import annotations
@@ -84,6 +85,20 @@ def resolve_lora(value: str | None) -> str | None:
     if not is_policy_name(value):
         return value
     return str(get(value).adapter_path)
+
+
+def base_model(value: str | None) -> str | None:
+    """The model a packaged policy's adapter goes on, as a llama.cpp ``model_path`` spec: its ``base`` (e.g.
+    ``smollm2-f16``, the F16 dequantized copy of the shipped model, :func:`memagent.backends.models.resolve_gguf`), or
+    ``None`` for the shipped Q4_1 file (``base: smollm2``) and for a path or ``None``.
+
+    Raises:
+        ConfigError: a name that is no packaged policy (see :func:`get`).
+    """
+    if not is_policy_name(value):
+        return None
+    base = get(value).base
+    return None if base == "smollm2" else base
 
 
 def agent_overrides(value: str | None, current: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:

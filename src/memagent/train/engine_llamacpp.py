@@ -18,7 +18,6 @@ every step, so it is refused.
 
 from __future__ import annotations
 
-import json
 import os
 
 from memagent.errors import ConfigError
@@ -52,24 +51,15 @@ def base_gguf_source(model_path: str) -> str:
 
 def cached_f16_base(source: str, folder: str) -> str:
     """An F16 dequantized copy of ``source`` in ``folder`` (``base-f16.gguf``), written once and reused while a
-    record beside it (``base-f16.json``: source path and size in bytes) still matches ``source``.
+    record beside it (``base-f16.json``: source path and size in bytes) still matches ``source``
+    (:func:`memagent.backends.models.cached_f16_copy`).
 
     Returns:
         the copy's path.
     """
-    from memagent.export.gguf_model import write_dequantized_gguf
+    from memagent.backends.models import cached_f16_copy
 
-    path, record_path = os.path.join(folder, "base-f16.gguf"), os.path.join(folder, "base-f16.json")
-    record = {"source": os.path.abspath(source), "source_bytes": os.path.getsize(source), "dtype": "f16"}
-    if os.path.isfile(path) and os.path.isfile(record_path):
-        with open(record_path, encoding="utf-8") as f:
-            if json.load(f) == record:
-                return path
-    os.makedirs(folder, exist_ok=True)
-    write_dequantized_gguf(source, path, "f16")  # atomic: a kill leaves no partial file
-    with open(record_path, "w", encoding="utf-8") as f:
-        json.dump(record, f)
-    return path
+    return cached_f16_copy(source, folder)
 
 
 def rollout_window_tokens(cfg, model_window: int | None) -> int:

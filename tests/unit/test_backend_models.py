@@ -1,0 +1,75 @@
+"""memagent.backends.models: the model specs of the llama.cpp backends (smollm2, smollm2-f16, a path) and the cached
+F16 copy."""
+
+import json
+import os
+
+import pytest
+
+import memagent.backends.models as embedded
+import memagent.backends.gguf_copy as gguf_model
+from memagent.errors import ConfigError
+
+
+@pytest.fixture
+def fake_writer(monkeypatch):
+    """write_dequantized_gguf replaced by one that writes a marker and counts its calls."""
+    calls = []
+
+    def write(src, path, dtype="f16"):
+        calls.append((src, path, dtype))
+        with open(path, "wb") as f:
+            f.write(b"F16 copy of " + os.path.basename(src).encode())
+        return path
+
+    monkeypatch.setattr(gguf_model, "write_dequantized_gguf", write)
+    return calls
+
+
+def test_the_copy_is_written_once_and_rewritten_when_its_source_changes(tmp_path, fake_writer):
+    src = tmp_path / "model.Q4_1.gguf"
+    src.write_bytes(b"q" * 10)
+    out = embedded.cached_f16_copy(str(src), str(tmp_path / "cache"), "model.F16.gguf")
+    assert out == str(tmp_path / "cache" / "model.F16.gguf")
+    assert open(out, "rb").read() == b"F16 copy of model.Q4_1.gguf"
+    assert json.loads((tmp_path / "cache" / "model.F16.gguf.json").read_text()) == {
+        "source": str(src), "source_bytes": 10, "dtype": "f16"}
+    assert embedded.cached_f16_copy(str(src), str(tmp_path / "cache"), "model.F16.gguf") == out
+    assert len(fake_writer) == 1  # reused
+    src.write_bytes(b"q" * 11)  # another source file under the same path
+    embedded.cached_f16_copy(str(src), str(tmp_path / "cache"), "model.F16.gguf")
+    assert len(fake_writer) == 2
+
+
+def test_the_training_engines_copy_keeps_its_old_record_name(tmp_path, fake_writer):
+    src = tmp_path / "m.gguf"
+    src.write_bytes(b"x")
+    out = embedded.cached_f16_copy(str(src), str(tmp_path / "rollout"))
+    assert out == str(tmp_path / "rollout" / "base-f16.gguf")
+    assert sorted(os.listdir(tmp_path / "rollout")) == ["base-f16.gguf", "base-f16.json"]
+
+
+def test_a_missing_source_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="GGUF model file not found"):
+        embedded.cached_f16_copy(str(tmp_path / "none.gguf"), str(tmp_path / "cache"))
+
+
+def test_specs_resolve_to_the_shipped_file_its_f16_copy_in_the_cache_or_the_path(tmp_path, monkeypatch, fake_writer):
+    shipped = tmp_path / "pkg" / embedded.DEFAULT_GGUF
+    shipped.parent.mkdir()
+    shipped.write_bytes(b"q4")
+    monkeypatch.setattr(embedded, "smollm2_gguf_path", lambda: str(shipped))
+    monkeypatch.setenv("MEMAGENT_CACHE", str(tmp_path / "cache"))
+    assert embedded.resolve_gguf(None) == str(shipped)
+    assert embedded.resolve_gguf("smollm2") == str(shipped)
+    assert embedded.resolve_gguf("smollm2-f16") == str(tmp_path / "cache" / "SmolLM2-135M-Instruct.F16.gguf")
+    assert fake_writer == [(str(shipped), str(tmp_path / "cache" / "SmolLM2-135M-Instruct.F16.gguf"), "f16")]
+    assert embedded.resolve_gguf("my/model.gguf") == "my/model.gguf"
+
+
+def test_the_cache_folder_follows_memagent_cache_then_xdg(monkeypatch, tmp_path):
+    monkeypatch.setenv("MEMAGENT_CACHE", str(tmp_path / "a"))
+    assert embedded.cache_dir() == str(tmp_path / "a")
+    monkeypatch.delenv("MEMAGENT_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert embedded.cache_dir() == str(tmp_path / "xdg" / "memagent")
