@@ -71,3 +71,18 @@ def test_transport_settings_stay_out_of_the_method_hash():
                                 "methods": [{"name": "agent", "chunk_tokens": 512}],
                                 "tasks": [{"name": "niah_single_2", "lengths": [2048]}]})
     assert cfg.method_hash(cfg.methods[0]) != one  # another model
+
+
+def test_the_default_layout_grid_shares_direct_and_its_rows_are_the_packaged_policys():
+    import json
+
+    cfg = EvalConfig.from_yaml("configs/eval_ruler_rl_default.yaml")
+    hashes = {m.name: cfg.method_hash(m) for m in cfg.methods}
+    assert hashes["direct"] == "fb7a0e2af24c"  # the first grid's direct rows carry over
+    committed = {}
+    with open("docs/results/ruler_rl/grid_default/results.jsonl", encoding="utf-8") as f:
+        for line in f:
+            row = json.loads(line)
+            committed.setdefault(row["method"], set()).add(row["method_hash"])
+    # memagent_rl's hash holds the packaged adapter's sha256: a retrained ruler-niah makes these rows stale
+    assert committed == {name: {h} for name, h in hashes.items()}
