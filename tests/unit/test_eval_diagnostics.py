@@ -15,7 +15,9 @@ from memagent.eval.diagnostics import (
     contains,
     diagnose_agent,
     diagnose_direct,
+    early_guess,
     memory_health,
+    numbers,
     repeated_ngram_share,
     summarize_diagnostics,
     targets_of,
@@ -88,8 +90,8 @@ def _turns(memories, chunks, finish=None, tokens=None):
 CHUNKS = [[(0, 20)], [(20, 45)], [(45, 64)]]  # the needle [13, 41) ends in chunk 1
 
 
-def _row(score=0.0, status="ok"):
-    return {"method": "m", "task": "t", "length": 1, "sample_id": "s", "status": status, "score": score}
+def _row(score=0.0, status="ok", answer=None):
+    return {"method": "m", "task": "t", "length": 1, "sample_id": "s", "status": status, "score": score, "answer": answer}
 
 
 @pytest.mark.parametrize("memories, score, outcome, captured, retained, lost_at", [
@@ -106,6 +108,33 @@ def test_agent_outcomes(memories, score, outcome, captured, retained, lost_at):
     assert (d.outcome, d.read, d.captured, d.retained, d.lost_at) == (outcome, True, captured, retained, lost_at)
     assert d.targets[0].evidence_chunks == [1]
     assert d.targets[0].captured_at == (1 if captured else None)
+
+
+def test_numbers_and_early_guess():
+    assert numbers("is 1, then 5915962. v2 3.5 and x_7 [12] 12345678") == {"1", "5915962", "3.5", "12", "12345678"}
+    assert numbers(None) == set() and numbers("no digits") == set()
+    assert early_guess("It is 1.", ["5248280"], ["The number for X is 1."])
+    assert not early_guess("It is 1.", ["5248280"], [])  # evidence in the first chunk: nothing held before it
+    assert not early_guess("It is 5248280.", ["5248280"], ["is 5248280"])  # the gold value never counts
+    assert not early_guess("It is 42.", ["5248280"], ["is 1", "is 7"])  # a number the memory never held
+    assert early_guess("7 or 9", ["5"], ["nothing", "maybe 9"])  # any earlier memory
+
+
+@pytest.mark.parametrize("memories, score, answer, early", [
+    (["owl is 1", "owl is 1", "owl is 1"], 0.0, "1", True),  # settled on 1 before chunk 1, never took 7654321
+    (["owl is 1", "owl is 7654321", "owl is 1"], 0.0, "1", True),  # captured, lost, and the guess came back
+    (["nothing", "owl is 1", "owl is 1"], 0.0, "1", False),  # the 1 came with the evidence chunk, not before it
+    (["owl is 1", "owl is 7654321", "owl is 7654321"], 1.0, "7654321", False),  # correct rows never count
+    (["owl is 1", "no", "no"], 0.0, None, False),  # no answer extracted
+])
+def test_agent_early_guess(memories, score, answer, early):
+    ctx, ev = _ctx()
+    sample = {"context": ctx, "answers": ["7654321"], "metadata": {"evidence": ev}}
+    d = diagnose_agent(_row(score, answer=answer), sample, _turns(memories, CHUNKS))
+    assert d.early_guess is early
+    assert diagnose_agent(_row(answer="1"), sample, None).early_guess is None  # no trace: not measured
+    (c,) = summarize_diagnostics([d, diagnose_agent(_row(answer="2"), sample, _turns(["a", "b", "c"], CHUNKS))])
+    assert c.early_guess_pct == (50.0 if early else 0.0) and c.metrics()["early_guess_pct"] == c.early_guess_pct
 
 
 def test_truncated_evidence_is_not_read_and_traces_without_context_chars():
@@ -244,6 +273,7 @@ def test_run_folder_report_and_missing_traces(tmp_path):
     m, t, d = rows["memagent"], rows["truncated"], rows["direct"]
     assert (m["n_correct"], m["n_retained_wrong"], m["n_captured_then_lost"], m["n_never_captured"]) == ("1", "1", "1", "1")
     assert (m["read_pct"], m["captured_pct"], m["retained_pct"], m["n_tracked"]) == ("100.0", "75.0", "50.0", "4")
+    assert (m["early_guess_pct"], d["early_guess_pct"]) == ("0.0", "")  # the toy's wrong answers name no number
     assert (t["n_not_read"], t["read_pct"], t["n_tracked"]) == ("2", "50.0", "2")  # the middle needles were cut away
     assert (d["n_correct"], d["n_in_view_wrong"], d["n_not_read"], d["read_pct"]) == ("1", "1", "2", "50.0")
     assert d["captured_pct"] == "" and d["cap_hit_pct"] == ""  # no memory: not measured, not zero
@@ -265,6 +295,7 @@ def test_run_folder_report_and_missing_traces(tmp_path):
     rows = _csv(tmp_path / "again" / "summary.csv")
     m, d = rows["memagent"], rows["direct"]
     assert (m["captured_pct"], m["retained_pct"], m["cap_hit_pct"], m["n_updates"]) == ("", "", "", "0")
+    assert m["early_guess_pct"] == ""
     assert (m["n_correct"], m["n_unmeasured"], m["read_pct"]) == ("1", "3", "100.0")  # read: nothing truncated
     assert (d["read_pct"], rows["truncated"]["read_pct"], rows["truncated"]["n_not_read"]) == ("50.0", "50.0", "2")
     # a tokenizer that cannot be loaded here: where truncation cut is unknown too
@@ -283,7 +314,7 @@ def test_validation_metrics_names(tmp_path):
     got = validation_metrics(run, {500: "val/x1"}, method="memagent")
     assert (got["val/x1/captured_pct"], got["val/x1/retained_pct"], got["val/x1/read_pct"]) == (75.0, 50.0, 100.0)
     assert (got["val/x1/never_captured_pct"], got["val/x1/correct_pct"], got["val/x1/error_pct"]) == (25.0, 25.0, 0.0)
-    assert got["val/x1/cap_hit_pct"] == 0.0 and "val/x1/memory_tokens_mean" in got
+    assert got["val/x1/cap_hit_pct"] == 0.0 and "val/x1/memory_tokens_mean" in got and got["val/x1/early_guess_pct"] == 0.0
     assert validation_metrics(run, {999: "val/x9"}) == {}
     assert "val/x1/captured_pct" not in validation_metrics(run, {500: "val/x1"}, method="direct")
 

@@ -21,6 +21,9 @@ Definitions (docs/diagnostics.md has the full text):
   evidence was cut away by truncation), direct rows ``in_view_wrong``; memory-agent rows ``retained_wrong``
   (every target in the final memory, answer still wrong), ``captured_then_lost`` (a target captured and then
   dropped, at update ``lost_at``), ``never_captured``.
+- **Early guess**: a wrong answer that names a number which a memory written before the first evidence chunk
+  already held: the memory settled on a value before it saw the evidence, and the answer kept it
+  (:func:`early_guess`).
 - **Memory health** per update turn: completion tokens, cap hit (``finish_reason == "length"``), repeated
   word 4-gram share (:func:`repeated_ngram_share`), empty memory, memory unchanged from the previous update.
 """
@@ -41,6 +44,7 @@ OUTCOMES = ("correct", "retained_wrong", "captured_then_lost", "never_captured",
 
 _YES_NO = frozenset({"yes", "no", "noanswer"})
 _WORD = re.compile(r"\w+")
+_NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?![\w]|\.\d)")
 Range = tuple[int, int]
 
 
@@ -71,6 +75,30 @@ def repeated_ngram_share(text: str, n: int = 4) -> float | None:
     words = _WORD.findall(text.lower())
     grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
     return 1 - len(set(grams)) / len(grams) if grams else None
+
+
+def numbers(text: str | None) -> set[str]:
+    """The numbers written in a text: maximal digit runs not touching a letter, digit or ``_`` (a decimal point
+    between digits joins them). ``numbers("is 1, then 5915962. v2 3.5") == {"1", "5915962", "3.5"}``."""
+    return set(_NUMBER.findall(text or ""))
+
+
+def early_guess(answer: str | None, golds: Sequence[str], memories_before: Sequence[str]) -> bool:
+    """Whether a wrong answer repeats a number the memory had settled on before it read the evidence.
+
+    True when ``answer`` names a number that is not a gold answer and that one of ``memories_before`` (the
+    memories written before the first evidence chunk) already holds: the memory wrote a value for the question
+    before the evidence came (made up, or taken from a distractor), and the answer kept it.
+    ``early_guess("It is 1.", ["5248280"], ["The number for X is 1."]) is True``.
+
+    Args:
+        answer: the extracted answer of a wrong row.
+        golds: the gold answers (and target values); their numbers never count.
+        memories_before: memory texts written before the first evidence chunk (empty when the evidence is in
+            the first chunk: then nothing can have been guessed).
+    """
+    early = numbers(" ".join(memories_before)) - numbers(" ".join(golds))
+    return bool(numbers(answer) & early)
 
 
 @dataclass(frozen=True)
@@ -237,6 +265,8 @@ class SampleDiagnosis:
         targets: per target, read / captured / retained.
         read, captured, retained: all targets read / captured / retained (``None``: not measured; captured and
             retained are for memory-agent rows only).
+        early_guess: a wrong answer repeating a number the memory held before the first evidence chunk
+            (:func:`early_guess`; ``False`` for correct rows; ``None`` where capture is not measured).
         lost_at: chunk index of the update that dropped a captured target for good (``captured_then_lost``).
         health: memory health of the update turns (``None`` without a trace).
     """
@@ -253,6 +283,7 @@ class SampleDiagnosis:
     read: bool | None = None
     captured: bool | None = None
     retained: bool | None = None
+    early_guess: bool | None = None
     lost_at: int | None = None
     health: MemoryHealth | None = None
 
@@ -382,6 +413,11 @@ def diagnose_agent(row: Mapping[str, Any], sample: Mapping[str, Any] | None, tur
             d.retained = _all([t.retained for t in d.targets])
             lost = [t.lost_at for t in d.targets if t.lost_at is not None]
             d.lost_at = min(lost) if lost else None
+            if d.captured is not None:
+                first = index.index(min(c for t in d.targets for c in t.evidence_chunks))
+                golds = [*(sample.get("answers") or ()), *(a for t in d.targets for a in t.aliases)]
+                d.early_guess = (not _is_correct(row) and row.get("status") == "ok"
+                                 and early_guess(row.get("answer"), golds, memories[:first]))
     if not d.outcome:
         d.outcome = _agent_outcome(d)
     return d
@@ -415,8 +451,9 @@ class CellDiagnostics:
     Attributes:
         outcomes: samples per outcome class (every class of :data:`OUTCOMES`, zeros included).
         n_read: samples (errors left out) with targets and a known view; ``read_pct`` is over these.
-        n_tracked: memory-agent samples (errors left out) whose evidence was read and traced; ``captured_pct``
-            and ``retained_pct`` are over these.
+        n_tracked: memory-agent samples (errors left out) whose evidence was read and traced; ``captured_pct``,
+            ``retained_pct`` and ``early_guess_pct`` (wrong answers repeating a number the memory held before the
+            evidence, :func:`early_guess`) are over these.
         n_updates: update turns with a trace (errors left out); the memory-health numbers are over these
             (``repeat_4gram_pct`` over those of at least 4 words, ``unchanged_memory_pct`` over all but each
             sample's first).
@@ -432,6 +469,7 @@ class CellDiagnostics:
     n_tracked: int
     captured_pct: float | None
     retained_pct: float | None
+    early_guess_pct: float | None
     n_updates: int
     memory_tokens_mean: float | None
     cap_hit_pct: float | None
@@ -441,7 +479,7 @@ class CellDiagnostics:
 
     def metrics(self) -> dict[str, float]:
         """The measured numbers by name (what a training log records); unmeasured ones are left out."""
-        keys = ("read_pct", "captured_pct", "retained_pct", "memory_tokens_mean", "cap_hit_pct", "repeat_4gram_pct",
+        keys = ("read_pct", "captured_pct", "retained_pct", "early_guess_pct", "memory_tokens_mean", "cap_hit_pct", "repeat_4gram_pct",
                 "empty_memory_pct", "unchanged_memory_pct")
         out = {k: float(getattr(self, k)) for k in keys if getattr(self, k) is not None}
         out.update({f"{k}_pct": 100.0 * v / self.n for k, v in self.outcomes.items()} if self.n else {})
@@ -466,6 +504,7 @@ def summarize_diagnostics(diagnoses: Sequence[SampleDiagnosis]) -> list[CellDiag
             n_read=len(read), read_pct=_pct(read),
             n_tracked=len(tracked), captured_pct=_pct([bool(d.captured) for d in tracked]),
             retained_pct=_pct([bool(d.retained) for d in tracked]),
+            early_guess_pct=_pct([bool(d.early_guess) for d in tracked]),
             n_updates=len(tokens), memory_tokens_mean=_mean(tokens),
             cap_hit_pct=_pct([x for h in hs for x in h.cap_hits]),
             repeat_4gram_pct=None if (r := _mean([x for h in hs for x in h.repetition])) is None else 100.0 * r,

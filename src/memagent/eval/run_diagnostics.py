@@ -188,8 +188,8 @@ def validation_metrics(run_dir: str | os.PathLike, prefixes: Mapping[int, str], 
 
     Returns:
         ``{f"{prefix}/{name}": value}`` for every measured number of :meth:`CellDiagnostics.metrics`
-        (``captured_pct``, ``retained_pct``, ``cap_hit_pct``, ``repeat_4gram_pct``, ``memory_tokens_mean``, the
-        outcome shares ``never_captured_pct``, ``captured_then_lost_pct``, ...); numbers not measured are left out.
+        (``captured_pct``, ``retained_pct``, ``early_guess_pct``, ``cap_hit_pct``, ``repeat_4gram_pct``,
+        ``memory_tokens_mean``, the outcome shares ``never_captured_pct``, ``captured_then_lost_pct``, ...); numbers not measured are left out.
 
     Raises:
         DataError: the folder has no readable results.
@@ -228,7 +228,7 @@ class RunsDiagnosis:
 
 
 #: The diagnostics columns of ``summary.csv`` (see :class:`memagent.eval.diagnostics.CellDiagnostics`).
-CSV_COLUMNS = ("n_read", "read_pct", "n_tracked", "captured_pct", "retained_pct",
+CSV_COLUMNS = ("n_read", "read_pct", "n_tracked", "captured_pct", "retained_pct", "early_guess_pct",
                *(f"n_{k}" for k in ("correct", "retained_wrong", "captured_then_lost", "never_captured", "not_read",
                                     "in_view_wrong", "unmeasured")),
                "n_updates", "memory_tokens_mean", "cap_hit_pct", "repeat_4gram_pct", "empty_memory_pct", "unchanged_memory_pct")
