@@ -479,8 +479,8 @@ class CellDiagnostics:
 
     def metrics(self) -> dict[str, float]:
         """The measured numbers by name (what a training log records); unmeasured ones are left out."""
-        keys = ("read_pct", "captured_pct", "retained_pct", "early_guess_pct", "memory_tokens_mean", "cap_hit_pct", "repeat_4gram_pct",
-                "empty_memory_pct", "unchanged_memory_pct")
+        keys = ("read_pct", "captured_pct", "retained_pct", "early_guess_pct", "memory_tokens_mean", "cap_hit_pct",
+                "repeat_4gram_pct", "empty_memory_pct", "unchanged_memory_pct")
         out = {k: float(getattr(self, k)) for k in keys if getattr(self, k) is not None}
         out.update({f"{k}_pct": 100.0 * v / self.n for k, v in self.outcomes.items()} if self.n else {})
         return out
