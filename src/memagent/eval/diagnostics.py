@@ -30,75 +30,24 @@ Definitions (docs/diagnostics.md has the full text):
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from memagent.errors import DataError
-from memagent.verifiers import normalize_answer, normalize_keep_articles
+from memagent.eval.memory_text import contains, early_guess, numbers, repeated_ngram_share
+from memagent.verifiers import normalize_answer
+
+__all__ = ["OUTCOMES", "CellDiagnostics", "MemoryHealth", "SampleDiagnosis", "Target", "TargetStatus", "contains",
+           "diagnose_agent", "diagnose_direct", "early_guess", "memory_health", "numbers", "read_evidence",
+           "repeated_ngram_share", "summarize_diagnostics", "targets_of"]
 
 #: Outcome classes, in the order reports list them.
 OUTCOMES = ("correct", "retained_wrong", "captured_then_lost", "never_captured", "not_read", "in_view_wrong",
             "unmeasured", "error")
 
 _YES_NO = frozenset({"yes", "no", "noanswer"})
-_WORD = re.compile(r"\w+")
-_NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?![\w]|\.\d)")
 Range = tuple[int, int]
-
-
-def _norm(text: str, keep_articles: bool) -> str:
-    return normalize_keep_articles(text) if keep_articles else normalize_answer(text)
-
-
-def contains(text: str | None, target: str) -> bool:
-    """Normalised, word-bounded containment of ``target`` in ``text`` (SQuAD normalisation of both; a target
-    made of articles only keeps its articles on both sides, as the verifiers do).
-
-    ``contains("VAR ABCDE = 1", "abcde")`` is True; ``contains("12345678", "1234567")`` is False.
-    """
-    keep = not normalize_answer(target)
-    t = _norm(target, keep)
-    return bool(t) and f" {t} " in f" {_norm(text or '', keep)} "
-
-
-def repeated_ngram_share(text: str, n: int = 4) -> float | None:
-    """Share of a text's word ``n``-grams that repeat an earlier one: ``1 - distinct / all``.
-
-    Words are maximal runs of letters, digits and ``_``, lower-cased. ``"a b c d a b c d"`` has five 4-grams,
-    four distinct: 0.2.
-
-    Returns:
-        The share in [0, 1), or ``None`` for a text of fewer than ``n`` words (no n-gram).
-    """
-    words = _WORD.findall(text.lower())
-    grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
-    return 1 - len(set(grams)) / len(grams) if grams else None
-
-
-def numbers(text: str | None) -> set[str]:
-    """The numbers written in a text: maximal digit runs not touching a letter, digit or ``_`` (a decimal point
-    between digits joins them). ``numbers("is 1, then 5915962. v2 3.5") == {"1", "5915962", "3.5"}``."""
-    return set(_NUMBER.findall(text or ""))
-
-
-def early_guess(answer: str | None, golds: Sequence[str], memories_before: Sequence[str]) -> bool:
-    """Whether a wrong answer repeats a number the memory had settled on before it read the evidence.
-
-    True when ``answer`` names a number that is not a gold answer and that one of ``memories_before`` (the
-    memories written before the first evidence chunk) already holds: the memory wrote a value for the question
-    before the evidence came (made up, or taken from a distractor), and the answer kept it.
-    ``early_guess("It is 1.", ["5248280"], ["The number for X is 1."]) is True``.
-
-    Args:
-        answer: the extracted answer of a wrong row.
-        golds: the gold answers (and target values); their numbers never count.
-        memories_before: memory texts written before the first evidence chunk (empty when the evidence is in
-            the first chunk: then nothing can have been guessed).
-    """
-    early = numbers(" ".join(memories_before)) - numbers(" ".join(golds))
-    return bool(numbers(answer) & early)
 
 
 @dataclass(frozen=True)
