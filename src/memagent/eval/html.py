@@ -261,10 +261,10 @@ function drawView(i){
   const v = document.getElementById('sample-view'), s = S[i];
   if (!s) { v.className = ''; v.innerHTML = '<p class="help">Pick a sample.</p>'; return; }
   v.className = 'open';
-  const lost = (s.outcome === 'captured_then_lost' && s.lost_at != null ? ` (dropped at update ${s.lost_at})` : '')
+  const flags = (s.outcome === 'captured_then_lost' && s.lost_at != null ? ` (dropped at update ${s.lost_at})` : '')
     + (s.early_guess ? ' (early guess: the answer repeats a number held before the evidence)' : '');
   v.innerHTML = `<div id="sample-detail" data-sample-id="${esc(s.sample_id)}" data-outcome="${esc(s.outcome)}">
-  <a class="close" href="#">× close</a><h3>${badge(s.outcome)}${esc(s.method)} · ${esc(s.task)} ${esc(s.length)} · ${esc(s.sample_id)}${lost}</h3>
+  <a class="close" href="#">× close</a><h3>${badge(s.outcome)}${esc(s.method)} · ${esc(s.task)} ${esc(s.length)} · ${esc(s.sample_id)}${flags}</h3>
   ${s.note ? `<p class="help">${esc(s.note)}</p>` : ''}
   <p><b>Question</b></p><pre class="box">${esc(s.question)}</pre>
   <p><b>Gold</b>: ${esc(s.gold.join(' | '))} &nbsp; <b>Answer</b>: ${esc(s.answer)} &nbsp; <b>score</b> ${s.score.toFixed(2)}</p>
