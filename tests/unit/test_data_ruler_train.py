@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from memagent.data.ruler import build_ruler_sample
@@ -63,3 +65,24 @@ def test_training_set_refuses_other_tasks(gguf_tokenizer):
         build_training_set(["niah_singel_2"], [1024], 1, gguf_tokenizer)
     with pytest.raises(DataError, match="at least one"):
         build_training_set(["vt"], [], 1, gguf_tokenizer)
+
+
+def test_min_depth_keeps_every_needle_deep(gguf_tokenizer, data_root):
+    shallow = build_training_set(["niah_single_2", "niah_multikey_1"], [2048], 8, gguf_tokenizer, seed=1,
+                                 data_root=str(data_root))
+    deep = build_training_set(["niah_single_2", "niah_multikey_1", "niah_single_1"], [2048], 9, gguf_tokenizer, seed=1,
+                              data_root=str(data_root), min_depth=50)
+    assert min(e["start_char"] / len(s.context) for s in shallow for e in s.metadata["evidence"]) < 0.3
+    for s in deep:
+        assert s.metadata["min_depth"] == 50
+        needles = [m.start() for m in re.finditer(r"One of the special magic numbers for ", s.context)]
+        assert len(needles) == (4 if s.metadata["task"] == "niah_multikey_1" else 1)  # distractor keys too
+        # prose: at a sentence boundary at or after 50 % of the words; noise: at or after half of the lines
+        assert all(p / len(s.context) > 0.45 for p in needles), (s.id, [p / len(s.context) for p in needles])
+        assert f"is: {s.answers[0]}." in s.context[len(s.context) // 2 - 200:]
+    with pytest.raises(DataError, match="min_depth applies to the niah tasks only"):
+        build_training_set(["vt"], [1024], 1, gguf_tokenizer, min_depth=30)
+    with pytest.raises(DataError, match=r"in \[0, 100\]"):
+        build_niah("niah_single_2", 1024, 0, gguf_tokenizer, min_depth=101, data_root=str(data_root))
+    with pytest.raises(DataError, match="leaves 1 of RULER's depths for 4 needles"):
+        build_niah("niah_multikey_1", 1024, 0, gguf_tokenizer, min_depth=100, data_root=str(data_root))

@@ -171,3 +171,42 @@ def test_resume_refuses_another_kind_or_settings(tok):
     with pytest.raises(ConfigError, match="other base weights"):
         load_lora_checkpoint_state(other_base, opt, state, LoraSettings(enabled=True))
 
+
+
+def test_init_from_warm_starts_the_adapter_and_refuses_what_does_not_fit(tok, tmp_path):
+    from memagent.train.lora import base_fingerprint, load_init_adapter
+    from memagent.train.policy import load_policy
+
+    settings = LoraSettings(enabled=True, rank=4, alpha=8.0)
+    trained = _lora_model(tok, settings)
+    torch.manual_seed(7)
+    _train_adapter(trained, _rows(), steps=2)
+    ckpt = tmp_path / "step_000002.pt"  # the layout the trainer writes (Trainer.save_checkpoint)
+    torch.save({"step": 2, "model": {"adapter": adapter_state_dict(trained), "base_fingerprint": base_fingerprint(trained)},
+                "optimizer": {}}, ckpt)
+
+    cfg = load_config(None, ["model.path=tiny", "model.lora.enabled=true", "model.lora.rank=4", "model.lora.alpha=8",
+                             f"model.lora.init_from={ckpt}"])
+    torch.manual_seed(999)  # peft's own init would differ from the trained adapter
+    warm, _ = load_policy(cfg)
+    a, b = dict(trained.named_parameters()), dict(warm.named_parameters())
+    lora_b = [k for k in a if "lora_B" in k]
+    assert lora_b and all(a[k].abs().sum() > 0 for k in lora_b)  # trained: B moved away from peft's zeros
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=0)
+
+    assert load_init_adapter(_lora_model(tok, settings), str(ckpt)) == {"step": 2, "base_fingerprint": base_fingerprint(trained)}
+    with pytest.raises(ConfigError, match="other base weights"):
+        load_init_adapter(_lora_model(tok, settings, seed=1), str(ckpt))
+    with pytest.raises(ConfigError, match="another LoRA rank"):
+        load_init_adapter(_lora_model(tok, LoraSettings(enabled=True, rank=8)), str(ckpt))
+    with pytest.raises(ConfigError, match="is not a file"):
+        load_init_adapter(warm, str(tmp_path / "missing.pt"))
+    torch.save({"step": 1, "model": {"w": torch.zeros(1)}}, tmp_path / "full.pt")
+    with pytest.raises(ConfigError, match="not a LoRA training checkpoint"):
+        load_init_adapter(warm, str(tmp_path / "full.pt"))
+    (tmp_path / "junk.pt").write_text("not a checkpoint")
+    with pytest.raises(ConfigError, match="cannot be read"):
+        load_init_adapter(warm, str(tmp_path / "junk.pt"))
+    with pytest.raises(ConfigError, match="needs model.lora.enabled"):
+        load_policy(load_config(None, ["model.path=tiny", f"model.lora.init_from={ckpt}"]))

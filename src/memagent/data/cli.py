@@ -113,6 +113,7 @@ def ruler_train_command(
     samples: int = typer.Option(512, "--samples", "-n", help="number of samples"),
     seed: int = typer.Option(1, "--seed", help="base seed (evaluation data uses 42); sample i depends only on (seed, i)"),
     haystack: str = typer.Option("gutenberg", "--haystack", help="prose haystack: gutenberg (not the evaluation's essays) or essay"),
+    min_depth: int = typer.Option(0, "--min-depth", help="niah tasks: every needle at least this deep, in percent of the context (0: RULER's depths)"),
     tokenizer: str = TOKENIZER,
     data_root: Optional[Path] = DATA_ROOT,
 ):
@@ -130,12 +131,12 @@ def ruler_train_command(
             raise ConfigError(f"--out {str(out)!r} is a folder: give a .jsonl file path")
         tok = load_tokenizer(tokenizer)
         built = build_training_set(names, length_list, samples, tok, seed=seed, haystack=haystack,
-                                   data_root=None if data_root is None else str(data_root))
+                                   data_root=None if data_root is None else str(data_root), min_depth=min_depth)
         out.parent.mkdir(parents=True, exist_ok=True)
         write_samples(out, built)
         write_manifest(out.with_suffix(".manifest.json"), {
             "builder": "memagent data ruler-train", "tasks": names, "lengths_tokens": length_list,
-            "num_samples": len(built), "seed": seed, "haystack": haystack, "tokenizer": tok.name,
+            "num_samples": len(built), "seed": seed, "haystack": haystack, "min_depth": min_depth, "tokenizer": tok.name,
             "input_tokens": token_stats([s.metadata["length_tokens"] for s in built]),
         })
     except MemagentError as e:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import warnings
 import zlib
 from collections.abc import Callable, Iterator, Sequence
@@ -47,6 +48,11 @@ class LoraSettings:
         dropout: dropout on the adapter's input (training forward only; the reference pass has none).
         target_modules: names of the modules that get an adapter (the last component of the module path,
             e.g. ``q_proj``); each must exist in the model.
+        init_from: a warm start: a training checkpoint (``checkpoints/step_*.pt`` of an earlier LoRA run on the
+            same base, rank and target modules) whose adapter this run starts from instead of peft's fresh
+            initialisation (:func:`load_init_adapter`). Only the adapter is taken: the optimizer, schedule,
+            step count and data order start anew, and the reference model stays the base (the KL term is to the
+            untrained model, not to the warm start). A resumed run loads its own checkpoint over it.
 
     Raises:
         ConfigError: ``rank < 1``, ``alpha <= 0``, dropout outside ``[0, 1)`` or no target modules.
@@ -57,6 +63,7 @@ class LoraSettings:
     alpha: float = 16.0
     dropout: float = 0.0
     target_modules: tuple[str, ...] = ALL_LINEAR
+    init_from: str | None = None
 
     def __post_init__(self):
         if self.rank < 1:
@@ -203,6 +210,33 @@ def load_adapter_state_dict(model: nn.Module, state: dict[str, torch.Tensor]) ->
                 raise ConfigError(f"the checkpoint's {n} has shape {tuple(state[n].shape)}, the model's "
                                   f"{tuple(p.shape)} (another LoRA rank?)")
             p.copy_(state[n].to(p.device, p.dtype))
+
+
+def load_init_adapter(model: nn.Module, path: str) -> dict[str, Any]:
+    """Warm start (``model.lora.init_from``): copy the adapter of the training checkpoint at ``path`` into the
+    peft ``model``; returns the checkpoint's step and base fingerprint (``{"step": int, "base_fingerprint": str}``)
+    for the run's provenance.
+
+    Raises:
+        ConfigError: ``path`` is missing or not a LoRA training checkpoint, its adapter was trained on other
+            base weights (fingerprint differs), or its adapter has other names or shapes (rank, targets).
+    """
+    if not os.path.isfile(path):
+        raise ConfigError(f"model.lora.init_from: {path!r} is not a file; give a LoRA run's checkpoint "
+                          "(its checkpoints/step_*.pt)")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001 - pickle, zip and EOF errors alike
+        raise ConfigError(f"model.lora.init_from: {path!r} cannot be read ({type(e).__name__}: {e})") from e
+    saved = state.get("model") if isinstance(state, dict) else None
+    if not isinstance(saved, dict) or "adapter" not in saved:
+        raise ConfigError(f"model.lora.init_from: {path!r} is not a LoRA training checkpoint (no adapter in it)")
+    here = base_fingerprint(model)
+    if saved.get("base_fingerprint") not in (None, here):
+        raise ConfigError(f"model.lora.init_from: {path!r} was trained on other base weights (fingerprint "
+                          f"{saved['base_fingerprint']}, this model's {here}); use the same model.path and model.dtype")
+    load_adapter_state_dict(model, saved["adapter"])
+    return {"step": state.get("step"), "base_fingerprint": here}
 
 
 def optimizer_state_by_name(optimizer: torch.optim.Optimizer, model: nn.Module) -> dict[str, Any]:

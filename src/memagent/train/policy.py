@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from memagent.errors import ConfigError
 from memagent.train.config import TrainConfig
 
 
@@ -19,16 +20,21 @@ def load_policy(cfg: TrainConfig) -> tuple[Any, Any]:
     """``(model, tokenizer)`` for ``cfg.model.path`` (``tiny``, ``smollm2``, HF directory or ``.gguf``).
 
     With ``model.lora.enabled`` the model is the peft model over the frozen base (:func:`memagent.train.lora.apply_lora`;
-    its adapters are initialised from the torch RNG, seeded by the caller).
+    its adapters are initialised from the torch RNG, seeded by the caller, or copied from ``model.lora.init_from``).
 
     Raises:
-        ConfigError: a LoRA target module the model lacks (the message lists the ones it has).
+        ConfigError: a LoRA target module the model lacks (the message lists the ones it has); an ``init_from``
+            checkpoint that does not fit (:func:`memagent.train.lora.load_init_adapter`).
     """
     model, tok = _load_base(cfg)
     if cfg.model.lora.enabled:
-        from memagent.train.lora import apply_lora
+        from memagent.train.lora import apply_lora, load_init_adapter
 
         model = apply_lora(model, cfg.model.lora)
+        if cfg.model.lora.init_from:
+            load_init_adapter(model, cfg.model.lora.init_from)
+    elif cfg.model.lora.init_from:
+        raise ConfigError("model.lora.init_from needs model.lora.enabled: true (it starts from a LoRA adapter)")
     return model, tok
 
 

@@ -98,6 +98,7 @@ def build_niah(
     haystack: str | None = None,
     data_root: str | None = None,
     start_word: int = 0,
+    min_depth: int = 0,
 ) -> Sample:
     """One NIAH sample whose RULER input fits ``length - 128`` tokens.
 
@@ -111,13 +112,19 @@ def build_niah(
         data_root: explicit data root for the essays.
         start_word: prose haystacks: begin at this word of the text instead of its first (training data draws it
             at random, :mod:`memagent.data.ruler.train`; evaluation keeps RULER's 0); wraps around the text.
+        min_depth: put every needle at least this deep, in percent of the context (training data whose
+            needle is never in the first chunk; evaluation keeps RULER's 0). Prose haystacks draw the depths
+            from RULER's 40 depths at or above it; the others scale their uniform draw into ``[min_depth, 100]``.
+            0 leaves the draws exactly as RULER's.
 
     Raises:
-        DataError: unknown task, or the length is too small for the needles.
+        DataError: unknown task, ``min_depth`` outside ``[0, 100]``, or the length is too small for the needles.
     """
     if task not in NIAH_TASKS:
         raise DataError(f"unknown NIAH task {task!r}")
     cfg = NIAH_TASKS[task]
+    if not 0 <= min_depth <= 100:
+        raise DataError(f"min_depth is a percentage of the context in [0, 100], got {min_depth}")
     rng = sample_rng(seed, f"{task}/{length}/{index}")
     num_keys = max(cfg.num_keys, cfg.num_queries)
     keys = _distinct(cfg.key_type, num_keys, rng)
@@ -133,10 +140,14 @@ def build_niah(
     kind = cfg.haystack if cfg.haystack != "essay" or haystack is None else haystack
 
     if kind in ("essay", "gutenberg"):
-        fitted = _fit_prose(kind, needles, sorted(rng.sample(DEPTHS, len(needles))), start_word, pre, qline, budget,
+        pool = [d for d in DEPTHS if d >= min_depth]
+        if len(pool) < len(needles):
+            raise DataError(f"min_depth {min_depth} leaves {len(pool)} of RULER's depths for {len(needles)} needles")
+        fitted = _fit_prose(kind, needles, sorted(rng.sample(pool, len(needles))), start_word, pre, qline, budget,
                             tokenizer, data_root)
     else:
-        fractions = [rng.random() for _ in needles]
+        low = min_depth / 100
+        fractions = [low + (1 - low) * rng.random() for _ in needles]
         if kind == "noise":
             line_cost = float(unit_costs([NOISE_LINE, NOISE_LINE], "\n", tokenizer)[0])
             max_units = budget // max(1, int(line_cost)) + 10

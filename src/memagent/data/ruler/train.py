@@ -38,6 +38,7 @@ def build_training_set(
     seed: int = 1,
     haystack: str = "gutenberg",
     data_root: str | None = None,
+    min_depth: int = 0,
 ) -> list[Sample]:
     """``num_samples`` training samples cycling over ``tasks``, each at a length drawn from ``lengths``.
 
@@ -51,13 +52,17 @@ def build_training_set(
         haystack: prose haystack of the essay-based niah tasks: ``gutenberg`` (default, not the evaluation's) or
             ``essay``.
         data_root: explicit data root.
+        min_depth: niah tasks: every needle at least this deep, in percent of the context
+            (:func:`memagent.data.ruler.niah.build_niah`): with it the needle is never in a long document's first
+            chunk, so a value written before the needle is read cannot earn the reward. 0: RULER's depths.
 
     Returns:
         Samples with ids ``train-<task>-<length>-<i>``; ``metadata`` also records ``split: train`` and
         ``start_word`` (where the prose haystack begins).
 
     Raises:
-        DataError: an unsupported task, no lengths, or a sample that cannot be built.
+        DataError: an unsupported task, no lengths, ``min_depth`` with vt (its chain has no depth setting), or a
+            sample that cannot be built.
     """
     allowed = tuple(NIAH_TASKS) + ("vt",)
     bad = [t for t in tasks if t not in allowed]
@@ -67,19 +72,21 @@ def build_training_set(
         raise DataError(f"training tasks {bad}{hint}: the training builder makes {known}")
     if not tasks or not lengths or num_samples < 1:
         raise DataError("build_training_set needs at least one task, one length and num_samples >= 1")
+    if min_depth and "vt" in tasks:
+        raise DataError("min_depth applies to the niah tasks only: build vt samples in a separate file without it")
     words = len(haystack_text(haystack, data_root).split(" ")) if haystack else 0
     out = []
     for i in range(num_samples):
         task = tasks[i % len(tasks)]
         rng = sample_rng(seed, f"train/{task}/{i}")
         length = lengths[rng.randrange(len(lengths))]
-        if task in NIAH_TASKS and NIAH_TASKS[task].haystack == "essay":
-            start = rng.randrange(words)
+        if task in NIAH_TASKS:
+            start = rng.randrange(words) if NIAH_TASKS[task].haystack == "essay" else None
             s = build_niah(task, length, i, tokenizer, seed=seed, haystack=haystack, data_root=data_root,
-                           start_word=start)
+                           start_word=start or 0, min_depth=min_depth)
         else:
             start = None
             s = build_ruler_sample(task, length, i, tokenizer, seed=seed, data_root=data_root)
-        meta = {**s.metadata, "split": "train", "start_word": start}
+        meta = {**s.metadata, "split": "train", "start_word": start, "min_depth": min_depth}
         out.append(replace(s, id=f"train-{s.id}", metadata=meta))
     return out
