@@ -140,10 +140,7 @@ def build_niah(
     kind = cfg.haystack if cfg.haystack != "essay" or haystack is None else haystack
 
     if kind in ("essay", "gutenberg"):
-        pool = [d for d in DEPTHS if d >= min_depth]
-        if len(pool) < len(needles):
-            raise DataError(f"min_depth {min_depth} leaves {len(pool)} of RULER's depths for {len(needles)} needles")
-        fitted = _fit_prose(kind, needles, sorted(rng.sample(pool, len(needles))), start_word, pre, qline, budget,
+        fitted = _fit_prose(kind, needles, _depths(rng, len(needles), min_depth), start_word, pre, qline, budget,
                             tokenizer, data_root)
     else:
         low = min_depth / 100
@@ -170,6 +167,17 @@ def build_niah(
     prompt = RulerPrompt(f"{pre}\n{qline}", pre + "\n", ctx, "\n" + qline, answers, ans_prefix)
     return to_sample(task, length, index, prompt, fitted.tokens, tokenizer, seed, "niah", haystack=kind, haystack_units=fitted.n,
                      evidence=_needle_evidence(ctx, placed, spans, set(queries)))
+
+
+def _depths(rng, n: int, min_depth: int) -> list[int]:
+    """``n`` distinct depths (percent, sorted) from RULER's 40 at or above ``min_depth`` (all 40 at 0: RULER's draw).
+
+    Raises:
+        DataError: fewer than ``n`` depths are left."""
+    pool = [d for d in DEPTHS if d >= min_depth]
+    if len(pool) < n:
+        raise DataError(f"min_depth {min_depth} leaves {len(pool)} of RULER's depths for {n} needles")
+    return sorted(rng.sample(pool, n))
 
 
 def _needle_evidence(ctx: str, placed, spans, queried: set[str]) -> list[dict]:
