@@ -112,10 +112,11 @@ def build_niah(
         data_root: explicit data root for the essays.
         start_word: prose haystacks: begin at this word of the text instead of its first (training data draws it
             at random, :mod:`memagent.data.ruler.train`; evaluation keeps RULER's 0); wraps around the text.
-        min_depth: put every needle at least this deep, in percent of the context (training data whose
-            needle is never in the first chunk; evaluation keeps RULER's 0). Prose haystacks draw the depths
-            from RULER's 40 depths at or above it; the others scale their uniform draw into ``[min_depth, 100]``.
-            0 leaves the draws exactly as RULER's.
+        min_depth: put every needle at least this deep, in percent of the context's sentences (prose) or lines
+            (training data whose needle is rarely in the first chunk; evaluation keeps RULER's 0). Prose
+            haystacks draw the depths from RULER's 40 depths at or above it; the others scale their uniform draw
+            into ``[min_depth, 100]``. 0 leaves the draws exactly as RULER's. Depth counts sentences, not tokens,
+            so short opening sentences can still put a needle early in tokens.
 
     Raises:
         DataError: unknown task, ``min_depth`` outside ``[0, 100]``, or the length is too small for the needles.
