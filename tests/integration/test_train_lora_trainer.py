@@ -69,7 +69,8 @@ def test_lora_run_kill_and_resume_matches_uninterrupted(tmp_path):
     assert set(ck["model"]["adapter"]) == names  # the adapter only, no base weights
     assert set(ck["optimizer"]["state"]) == names
     assert ck["lora"] == {"enabled": True, "rank": 4, "alpha": 16.0, "dropout": 0.1,
-                          "target_modules": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")}
+                          "target_modules": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+                          "init_from": None}
     assert os.path.getsize(tmp_path / "cut" / "checkpoints" / "step_000001.pt") < 200_000  # the base is ~1.5 MB
     resumed = _run(tmp_path / "cut", *LORA)
     assert resumed.step == 2
