@@ -95,14 +95,10 @@ class Checkpointer:
             ConfigError: LoRA: the checkpoint was trained on other base weights, or its adapter has other shapes.
         """
         if self.lora:
-            from memagent.train.lora import base_fingerprint, load_adapter_state_dict
+            from memagent.train.lora import load_adapter_on_base
 
-            here = self._base_fingerprint = base_fingerprint(policy)
-            if state.get("base_fingerprint") not in (None, here):
-                raise ConfigError(f"the checkpoint's adapter was trained on other base weights (fingerprint "
-                                  f"{state['base_fingerprint']}, this model's {here}: another model.path, model.dtype or "
-                                  "file); resume on the same base model")
-            load_adapter_state_dict(policy, state["adapter"])
+            self._base_fingerprint = load_adapter_on_base(policy, state["adapter"], state.get("base_fingerprint"),
+                                                          "the checkpoint's adapter")
             return
         if not self.fsdp:
             policy.load_state_dict(state)

@@ -231,12 +231,25 @@ def load_init_adapter(model: nn.Module, path: str) -> dict[str, Any]:
     saved = state.get("model") if isinstance(state, dict) else None
     if not isinstance(saved, dict) or "adapter" not in saved:
         raise ConfigError(f"model.lora.init_from: {path!r} is not a LoRA training checkpoint (no adapter in it)")
-    here = base_fingerprint(model)
-    if saved.get("base_fingerprint") not in (None, here):
-        raise ConfigError(f"model.lora.init_from: {path!r} was trained on other base weights (fingerprint "
-                          f"{saved['base_fingerprint']}, this model's {here}); use the same model.path and model.dtype")
-    load_adapter_state_dict(model, saved["adapter"])
+    here = load_adapter_on_base(model, saved["adapter"], saved.get("base_fingerprint"), f"model.lora.init_from {path!r}")
     return {"step": state.get("step"), "base_fingerprint": here}
+
+
+def load_adapter_on_base(model: nn.Module, adapter: dict[str, torch.Tensor], fingerprint: str | None,
+                         where: str = "the checkpoint") -> str:
+    """Copy a saved ``adapter`` into ``model`` after checking it was trained on this base (``fingerprint`` from
+    :func:`base_fingerprint`; ``None``: an older checkpoint without one, not checked). Returns this base's
+    fingerprint.
+
+    Raises:
+        ConfigError: other base weights, or an adapter of other names or shapes.
+    """
+    here = base_fingerprint(model)
+    if fingerprint not in (None, here):
+        raise ConfigError(f"{where} was trained on other base weights (fingerprint {fingerprint}, this model's "
+                          f"{here}: another model.path, model.dtype or file); use the same base model")
+    load_adapter_state_dict(model, adapter)
+    return here
 
 
 def optimizer_state_by_name(optimizer: torch.optim.Optimizer, model: nn.Module) -> dict[str, Any]:
@@ -309,11 +322,7 @@ def load_lora_checkpoint_state(model: nn.Module, optimizer: torch.optim.Optimize
             base weights (each with what differs).
     """
     check_resume_kind(state.get("lora"), settings, where)
-    here = base_fingerprint(model)
-    if state.get("base_fingerprint") not in (None, here):
-        raise ConfigError(f"{where} was trained on other base weights (fingerprint {state['base_fingerprint']}, this "
-                          f"model's {here}: another model.path, model.dtype or file); resume on the same base model")
-    load_adapter_state_dict(model, state["adapter"])
+    load_adapter_on_base(model, state["adapter"], state.get("base_fingerprint"), where)
     load_optimizer_state_by_name(optimizer, model, state["optimizer"])
 
 
