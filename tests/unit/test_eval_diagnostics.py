@@ -307,6 +307,25 @@ def test_run_folder_report_and_missing_traces(tmp_path):
     assert (rows["truncated"]["read_pct"], rows["memagent"]["read_pct"]) == ("", "100.0")
 
 
+def test_copied_run_finds_its_task_file_by_name(tmp_path):
+    """A run folder committed away from its data (docs/results/<study>/<run>/val_step_N/) reads the task file
+    from a val_data/ folder one or two levels up once the path in its manifest is gone."""
+    import shutil
+
+    from memagent.eval.run_diagnostics import validation_metrics
+
+    run, _ = toy_run(tmp_path / "orig")
+    want = validation_metrics(run, {500: "val/x1"}, method="memagent")
+    study = tmp_path / "study"
+    shutil.copytree(run, study / "lr2" / "val_step_8")
+    (study / "val_data").mkdir()
+    shutil.move(tmp_path / "orig" / "toy.jsonl", study / "val_data" / "toy.jsonl")  # the manifest's path is now gone
+    assert validation_metrics(study / "lr2" / "val_step_8", {500: "val/x1"}, method="memagent") == want
+    assert want["val/x1/captured_pct"] == 75.0
+    (study / "val_data" / "toy.jsonl").rename(study / "elsewhere.jsonl")  # not found: not measured, never 0
+    assert "val/x1/captured_pct" not in validation_metrics(study / "lr2" / "val_step_8", {500: "val/x1"}, method="memagent")
+
+
 def test_validation_metrics_names(tmp_path):
     from memagent.eval.run_diagnostics import validation_metrics
 

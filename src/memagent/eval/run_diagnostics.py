@@ -41,7 +41,10 @@ def _cell_file(run_dir: Path, manifest: Mapping[str, Any], task: str, length: in
     if given is None:
         return None
     p = Path(given)
-    for cand in (p, run_dir / p, run_dir / "data" / p.name, run_dir.parent / "data" / p.name):
+    # a copied folder (a training validation's val_step_N/ committed under docs/) finds its task file by name in a
+    # data/ or val_data/ folder beside it or up to two levels above (several runs of a study share one copy)
+    near = [base / sub / p.name for base in (run_dir, run_dir.parent, run_dir.parent.parent) for sub in ("data", "val_data")]
+    for cand in (p, run_dir / p, *near):
         if cand.is_file():
             return cand
     return None
