@@ -15,6 +15,7 @@ from memagent.eval.diagnostics import (
     contains,
     diagnose_agent,
     diagnose_direct,
+    distractor_answer,
     early_guess,
     memory_health,
     numbers,
@@ -135,6 +136,30 @@ def test_agent_early_guess(memories, score, answer, early):
     assert diagnose_agent(_row(answer="1"), sample, None).early_guess is None  # no trace: not measured
     (c,) = summarize_diagnostics([d, diagnose_agent(_row(answer="2"), sample, _turns(["a", "b", "c"], CHUNKS))])
     assert c.early_guess_pct == (50.0 if early else 0.0) and c.metrics()["early_guess_pct"] == c.early_guess_pct
+
+
+def test_distractor_answer():
+    doc = "The code for owl is 7654321. One of the codes for cat is: 8041481. Written in 1998."
+    assert distractor_answer("It is 8041481.", ["7654321"], doc)  # another key's value
+    assert not distractor_answer("It is 7654321.", ["7654321"], doc)  # the gold never counts
+    assert not distractor_answer("It is 11.", ["7654321"], doc)  # made up: not in the document
+    assert not distractor_answer(None, ["7654321"], doc) and distractor_answer("1998", ["7654321"], doc)
+    # per row and per cell: agent and direct alike, errors and unknown samples not measured, correct rows False
+    ctx = "filler 8041481. The code for owl is 7654321. more filler text here."
+    a = ctx.index("The code")
+    sample = {"context": ctx, "answers": ["7654321"],
+              "metadata": {"evidence": [evidence_item(ctx, a, ctx.index("here"), "needle", answer="7654321", key="owl")]}}
+    wrong, right = _row(answer="8041481"), _row(1.0, answer="7654321")
+    assert diagnose_agent(wrong, sample, None).distractor_answer is True  # needs no trace
+    assert diagnose_direct(wrong, sample, [(0, len(ctx))]).distractor_answer is True
+    assert diagnose_agent(right, sample, None).distractor_answer is False
+    assert diagnose_agent(_row(answer="11"), sample, None).distractor_answer is False
+    assert diagnose_agent(_row(status="error"), sample, None).distractor_answer is None
+    assert diagnose_agent(wrong, None, None).distractor_answer is None
+    ds = [diagnose_agent(r, s, None) for r, s in ((wrong, sample), (right, sample), (_row(answer="11"), sample),
+                                                     (_row(status="error"), sample), (wrong, None))]
+    (c,) = summarize_diagnostics(ds)
+    assert c.distractor_answer_pct == pytest.approx(100.0 / 3) and c.metrics()["distractor_answer_pct"] == c.distractor_answer_pct
 
 
 def test_truncated_evidence_is_not_read_and_traces_without_context_chars():
@@ -274,6 +299,7 @@ def test_run_folder_report_and_missing_traces(tmp_path):
     assert (m["n_correct"], m["n_retained_wrong"], m["n_captured_then_lost"], m["n_never_captured"]) == ("1", "1", "1", "1")
     assert (m["read_pct"], m["captured_pct"], m["retained_pct"], m["n_tracked"]) == ("100.0", "75.0", "50.0", "4")
     assert (m["early_guess_pct"], d["early_guess_pct"]) == ("0.0", "")  # the toy's wrong answers name no number
+    assert (m["distractor_answer_pct"], d["distractor_answer_pct"]) == ("0.0", "0.0")  # nor a number of the document
     assert (t["n_not_read"], t["read_pct"], t["n_tracked"]) == ("2", "50.0", "2")  # the middle needles were cut away
     assert (d["n_correct"], d["n_in_view_wrong"], d["n_not_read"], d["read_pct"]) == ("1", "1", "2", "50.0")
     assert d["captured_pct"] == "" and d["cap_hit_pct"] == ""  # no memory: not measured, not zero

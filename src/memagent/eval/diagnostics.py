@@ -24,6 +24,8 @@ Definitions (docs/diagnostics.md has the full text):
 - **Early guess**: a wrong answer that names a number which a memory written before the first evidence chunk
   already held: the memory settled on a value before it saw the evidence, and the answer kept it
   (:func:`early_guess`).
+- **Distractor answer**: a wrong answer that names a number of the document other than a gold answer: on
+  RULER's numeric needles, another key's value (:func:`distractor_answer`). Agent and direct rows alike.
 - **Memory health** per update turn: completion tokens, cap hit (``finish_reason == "length"``), repeated
   word 4-gram share (:func:`repeated_ngram_share`), empty memory, memory unchanged from the previous update.
 """
@@ -35,11 +37,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memagent.errors import DataError
-from memagent.eval.memory_text import contains, early_guess, numbers, repeated_ngram_share
+from memagent.eval.memory_text import contains, distractor_answer, early_guess, numbers, repeated_ngram_share
 from memagent.verifiers import normalize_answer
 
 __all__ = ["OUTCOMES", "CellDiagnostics", "MemoryHealth", "SampleDiagnosis", "Target", "TargetStatus", "contains",
-           "diagnose_agent", "diagnose_direct", "early_guess", "memory_health", "numbers", "read_evidence",
+           "diagnose_agent", "diagnose_direct", "distractor_answer", "early_guess", "memory_health", "numbers", "read_evidence",
            "repeated_ngram_share", "summarize_diagnostics", "targets_of"]
 
 #: Outcome classes, in the order reports list them.
@@ -216,6 +218,8 @@ class SampleDiagnosis:
             retained are for memory-agent rows only).
         early_guess: a wrong answer repeating a number the memory held before the first evidence chunk
             (:func:`early_guess`; ``False`` for correct rows; ``None`` where capture is not measured).
+        distractor_answer: a wrong answer naming a number of the document that is not a gold answer
+            (:func:`distractor_answer`; ``False`` for correct rows; ``None`` for errors or without the sample).
         lost_at: chunk index of the update that dropped a captured target for good (``captured_then_lost``).
         health: memory health of the update turns (``None`` without a trace).
     """
@@ -233,6 +237,7 @@ class SampleDiagnosis:
     captured: bool | None = None
     retained: bool | None = None
     early_guess: bool | None = None
+    distractor_answer: bool | None = None
     lost_at: int | None = None
     health: MemoryHealth | None = None
 
@@ -253,7 +258,10 @@ def _base(row: Mapping[str, Any], kind: str) -> SampleDiagnosis:
                            score=float(row.get("score") or 0.0))
 
 
-def _targets_or_note(d: SampleDiagnosis, sample: Mapping[str, Any] | None) -> list[Target]:
+def _targets_or_note(d: SampleDiagnosis, sample: Mapping[str, Any] | None, row: Mapping[str, Any]) -> list[Target]:
+    if sample is not None and row.get("status") == "ok":
+        d.distractor_answer = not _is_correct(row) and distractor_answer(
+            row.get("answer"), [str(a) for a in sample.get("answers") or ()], str(sample.get("context") or ""))
     if sample is None:
         d.note = "the sample's data is not in the run folder"
         return []
@@ -276,7 +284,7 @@ def diagnose_direct(row: Mapping[str, Any], sample: Mapping[str, Any] | None, vi
             row has it.
     """
     d = _base(row, "direct")
-    targets = _targets_or_note(d, sample)
+    targets = _targets_or_note(d, sample, row)
     view = view if view is not None else row.get("document_chars")
     if targets and view is None:
         d.note = "where the prompt was truncated is unknown: report with the run's tokenizer (--tokenizer)"
@@ -334,7 +342,7 @@ def diagnose_agent(row: Mapping[str, Any], sample: Mapping[str, Any] | None, tur
             without ``context_chars`` whose documents were truncated.
     """
     d = _base(row, "memory_agent")
-    targets = _targets_or_note(d, sample)
+    targets = _targets_or_note(d, sample, row)
     if turns is None:  # what was read is still known from the view; nothing about the memory
         d.note = "no trace for this row" + (f"; {d.note}" if d.note else "")
         if targets and view is not None and sample is not None:
@@ -402,7 +410,8 @@ class CellDiagnostics:
         n_read: samples (errors left out) with targets and a known view; ``read_pct`` is over these.
         n_tracked: memory-agent samples (errors left out) whose evidence was read and traced; ``captured_pct``,
             ``retained_pct`` and ``early_guess_pct`` (wrong answers repeating a number the memory held before the
-            evidence, :func:`early_guess`) are over these.
+            evidence, :func:`early_guess`) are over these; ``distractor_answer_pct`` (wrong answers naming another
+            number of the document, :func:`distractor_answer`) is over the non-error samples whose data is known.
         n_updates: update turns with a trace (errors left out); the memory-health numbers are over these
             (``repeat_4gram_pct`` over those of at least 4 words, ``unchanged_memory_pct`` over all but each
             sample's first).
@@ -419,6 +428,7 @@ class CellDiagnostics:
     captured_pct: float | None
     retained_pct: float | None
     early_guess_pct: float | None
+    distractor_answer_pct: float | None
     n_updates: int
     memory_tokens_mean: float | None
     cap_hit_pct: float | None
@@ -428,7 +438,8 @@ class CellDiagnostics:
 
     def metrics(self) -> dict[str, float]:
         """The measured numbers by name (what a training log records); unmeasured ones are left out."""
-        keys = ("read_pct", "captured_pct", "retained_pct", "early_guess_pct", "memory_tokens_mean", "cap_hit_pct",
+        keys = ("read_pct", "captured_pct", "retained_pct", "early_guess_pct", "distractor_answer_pct",
+                "memory_tokens_mean", "cap_hit_pct",
                 "repeat_4gram_pct", "empty_memory_pct", "unchanged_memory_pct")
         out = {k: float(getattr(self, k)) for k in keys if getattr(self, k) is not None}
         out.update({f"{k}_pct": 100.0 * v / self.n for k, v in self.outcomes.items()} if self.n else {})
@@ -454,6 +465,7 @@ def summarize_diagnostics(diagnoses: Sequence[SampleDiagnosis]) -> list[CellDiag
             n_tracked=len(tracked), captured_pct=_pct([bool(d.captured) for d in tracked]),
             retained_pct=_pct([bool(d.retained) for d in tracked]),
             early_guess_pct=_pct([bool(d.early_guess) for d in tracked]),
+            distractor_answer_pct=_pct([d.distractor_answer for d in ok if d.distractor_answer is not None]),
             n_updates=len(tokens), memory_tokens_mean=_mean(tokens),
             cap_hit_pct=_pct([x for h in hs for x in h.cap_hits]),
             repeat_4gram_pct=None if (r := _mean([x for h in hs for x in h.repetition])) is None else 100.0 * r,

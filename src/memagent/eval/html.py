@@ -33,7 +33,7 @@ OUTCOME_LABELS = {
 #: Columns of the diagnostics table: (header, CellDiagnostics attribute or outcome class, kind).
 DIAG_COLUMNS = (
     ("read %", "read_pct", "pct"), ("captured %", "captured_pct", "pct"), ("retained %", "retained_pct", "pct"),
-    ("early guess %", "early_guess_pct", "pct"),
+    ("early guess %", "early_guess_pct", "pct"), ("distractor answer %", "distractor_answer_pct", "pct"),
     *((OUTCOME_LABELS[k], k, "count") for k in OUTCOMES),
     ("memory tokens", "memory_tokens_mean", "num"), ("cap hit %", "cap_hit_pct", "pct"),
     ("4-gram repeat %", "repeat_4gram_pct", "pct"), ("empty %", "empty_memory_pct", "pct"),
@@ -109,6 +109,7 @@ def sample_record(run: str, row: Mapping[str, Any], d: SampleDiagnosis, turns: S
         "run": run, "method": d.method, "task": d.task, "length": d.length, "sample_id": d.sample_id, "kind": d.kind,
         "outcome": d.outcome, "note": d.note, "score": d.score, "lost_at": d.lost_at,
         "early_guess": d.early_guess,
+        "distractor_answer": d.distractor_answer,
         "question": row.get("question", ""), "gold": list(row.get("answers") or []), "answer": row.get("answer", ""),
         "response": row.get("response", ""), "error": row.get("error"),
         "targets": [t.to_dict() for t in d.targets],
@@ -170,7 +171,8 @@ def render_page(title: str, provenance: Sequence[str], png: bytes | None,
 <p class="help">read: the evidence lies in what the method saw (after truncation). captured: the memory written
 after the evidence chunk holds the answer; retained: the final memory holds it (both over the memory-agent samples
 whose evidence was read and traced). early guess: the wrong answer repeats a number the memory already held
-before the evidence chunk. Outcome columns count samples. Memory health is per update. n/a: not
+before the evidence chunk. distractor answer: the wrong answer names another number of the document (on RULER's
+needle tasks, another key's value). Outcome columns count samples. Memory health is per update. n/a: not
 measured (no trace, no evidence positions, or the answer is not stated literally). A count lists its samples
 below. Definitions: docs/diagnostics.md.</p>
 {_diag_table(cells)}
@@ -262,7 +264,8 @@ function drawView(i){
   if (!s) { v.className = ''; v.innerHTML = '<p class="help">Pick a sample.</p>'; return; }
   v.className = 'open';
   const flags = (s.outcome === 'captured_then_lost' && s.lost_at != null ? ` (dropped at update ${s.lost_at})` : '')
-    + (s.early_guess ? ' (early guess: the answer repeats a number held before the evidence)' : '');
+    + (s.early_guess ? ' (early guess: the answer repeats a number held before the evidence)' : '')
+    + (s.distractor_answer ? ' (distractor answer: another number of the document)' : '');
   v.innerHTML = `<div id="sample-detail" data-sample-id="${esc(s.sample_id)}" data-outcome="${esc(s.outcome)}">
   <a class="close" href="#">× close</a><h3>${badge(s.outcome)}${esc(s.method)} · ${esc(s.task)} ${esc(s.length)} · ${esc(s.sample_id)}${flags}</h3>
   ${s.note ? `<p class="help">${esc(s.note)}</p>` : ''}

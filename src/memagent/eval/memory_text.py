@@ -63,3 +63,20 @@ def early_guess(answer: str | None, golds: Sequence[str], memories_before: Seque
     """
     early = numbers(" ".join(memories_before)) - numbers(" ".join(golds))
     return bool(numbers(answer) & early)
+
+
+def distractor_answer(answer: str | None, golds: Sequence[str], document: str) -> bool:
+    """Whether a wrong answer names a number of the document that is not a gold answer.
+
+    On RULER's numeric needle tasks the haystack holds no 7-digit numbers but the needles', so such a number is
+    another key's value (niah_multikey_1's distractor needles, a multivalue sibling): the memory or the answer
+    confused keys, where an answer naming no document number made one up or found nothing. On other documents
+    any number counts (a year in an essay), so read it with the task in mind.
+    ``distractor_answer("It is 8041481.", ["5248280"], "... for other-key is: 8041481.") is True``.
+
+    Args:
+        answer: the extracted answer of a wrong row.
+        golds: the gold answers (and target values); their numbers never count.
+        document: the sample's whole context (characters), whatever part of it the method read.
+    """
+    return bool((numbers(answer) - numbers(" ".join(golds))) & numbers(document))
