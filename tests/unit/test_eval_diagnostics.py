@@ -143,7 +143,10 @@ def test_distractor_answer():
     assert distractor_answer("It is 8041481.", ["7654321"], doc)  # another key's value
     assert not distractor_answer("It is 7654321.", ["7654321"], doc)  # the gold never counts
     assert not distractor_answer("It is 11.", ["7654321"], doc)  # made up: not in the document
-    assert not distractor_answer(None, ["7654321"], doc) and distractor_answer("1998", ["7654321"], doc)
+    assert distractor_answer(None, ["7654321"], doc) is False
+    assert not distractor_answer("In 1998.", ["7654321"], doc)  # a number of the document, not of the gold's kind
+    assert distractor_answer("In 1998.", ["2004"], doc)  # ... unless the gold is a year too
+    assert distractor_answer("Paris", ["Rome"], doc) is None  # the gold holds no number: not measured
     # per row and per cell: agent and direct alike, errors and unknown samples not measured, correct rows False
     ctx = "filler 8041481. The code for owl is 7654321. more filler text here."
     a = ctx.index("The code")
@@ -156,6 +159,7 @@ def test_distractor_answer():
     assert diagnose_agent(_row(answer="11"), sample, None).distractor_answer is False
     assert diagnose_agent(_row(status="error"), sample, None).distractor_answer is None
     assert diagnose_agent(wrong, None, None).distractor_answer is None
+    assert diagnose_agent(right, dict(sample, answers=["owl"]), None).distractor_answer is None  # not numeric
     ds = [diagnose_agent(r, s, None) for r, s in ((wrong, sample), (right, sample), (_row(answer="11"), sample),
                                                      (_row(status="error"), sample), (wrong, None))]
     (c,) = summarize_diagnostics(ds)

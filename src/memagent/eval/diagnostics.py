@@ -24,8 +24,9 @@ Definitions (docs/diagnostics.md has the full text):
 - **Early guess**: a wrong answer that names a number which a memory written before the first evidence chunk
   already held: the memory settled on a value before it saw the evidence, and the answer kept it
   (:func:`early_guess`).
-- **Distractor answer**: a wrong answer that names a number of the document other than a gold answer: on
-  RULER's numeric needles, another key's value (:func:`distractor_answer`). Agent and direct rows alike.
+- **Distractor answer**: a wrong answer that names a number of the document, other than a gold answer, with
+  as many digits as the gold's: on RULER's numeric needles, another key's value (:func:`distractor_answer`).
+  Agent and direct rows alike; not measured where the gold holds no number.
 - **Memory health** per update turn: completion tokens, cap hit (``finish_reason == "length"``), repeated
   word 4-gram share (:func:`repeated_ngram_share`), empty memory, memory unchanged from the previous update.
 """
@@ -219,7 +220,8 @@ class SampleDiagnosis:
         early_guess: a wrong answer repeating a number the memory held before the first evidence chunk
             (:func:`early_guess`; ``False`` for correct rows; ``None`` where capture is not measured).
         distractor_answer: a wrong answer naming a number of the document that is not a gold answer
-            (:func:`distractor_answer`; ``False`` for correct rows; ``None`` for errors or without the sample).
+            (:func:`distractor_answer`; ``False`` for correct rows; ``None`` for errors, without the sample, or
+            when the gold answer holds no number).
         lost_at: chunk index of the update that dropped a captured target for good (``captured_then_lost``).
         health: memory health of the update turns (``None`` without a trace).
     """
@@ -260,8 +262,9 @@ def _base(row: Mapping[str, Any], kind: str) -> SampleDiagnosis:
 
 def _targets_or_note(d: SampleDiagnosis, sample: Mapping[str, Any] | None, row: Mapping[str, Any]) -> list[Target]:
     if sample is not None and row.get("status") == "ok":
-        d.distractor_answer = not _is_correct(row) and distractor_answer(
-            row.get("answer"), [str(a) for a in sample.get("answers") or ()], str(sample.get("context") or ""))
+        d.distractor_answer = distractor_answer(row.get("answer"), [str(a) for a in sample.get("answers") or ()],
+                                                str(sample.get("context") or ""))
+        d.distractor_answer = d.distractor_answer and not _is_correct(row)
     if sample is None:
         d.note = "the sample's data is not in the run folder"
         return []

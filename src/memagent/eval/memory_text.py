@@ -65,13 +65,14 @@ def early_guess(answer: str | None, golds: Sequence[str], memories_before: Seque
     return bool(numbers(answer) & early)
 
 
-def distractor_answer(answer: str | None, golds: Sequence[str], document: str) -> bool:
-    """Whether a wrong answer names a number of the document that is not a gold answer.
+def distractor_answer(answer: str | None, golds: Sequence[str], document: str) -> bool | None:
+    """Whether a wrong answer names another number of the document of the gold answer's kind.
 
-    On RULER's numeric needle tasks the haystack holds no 7-digit numbers but the needles', so such a number is
-    another key's value (niah_multikey_1's distractor needles, a multivalue sibling): the memory or the answer
-    confused keys, where an answer naming no document number made one up or found nothing. On other documents
-    any number counts (a year in an essay), so read it with the task in mind.
+    True when ``answer`` names a number that is not a gold answer, occurs in ``document``, and has as many
+    digits as a number of the gold answers (RULER's needle values are 7 digits: a 7-digit number of the
+    document is another needle's value, a niah_multikey_1 distractor or a multivalue sibling, while a footnote
+    "[1]" or a year is not). The memory or the answer confused keys, where an answer naming no such number
+    made one up or found nothing. ``None`` when no gold answer holds a number (not measured).
     ``distractor_answer("It is 8041481.", ["5248280"], "... for other-key is: 8041481.") is True``.
 
     Args:
@@ -79,4 +80,9 @@ def distractor_answer(answer: str | None, golds: Sequence[str], document: str) -
         golds: the gold answers (and target values); their numbers never count.
         document: the sample's whole context (characters), whatever part of it the method read.
     """
-    return bool((numbers(answer) - numbers(" ".join(golds))) & numbers(document))
+    gold = numbers(" ".join(golds))
+    digits = {sum(c.isdigit() for c in n) for n in gold}
+    if not digits:
+        return None
+    other = (numbers(answer) - gold) & numbers(document)
+    return any(sum(c.isdigit() for c in n) in digits for n in other)
