@@ -219,9 +219,9 @@ class SampleDiagnosis:
             retained are for memory-agent rows only).
         early_guess: a wrong answer repeating a number the memory held before the first evidence chunk
             (:func:`early_guess`; ``False`` for correct rows; ``None`` where capture is not measured).
-        distractor_answer: a wrong answer naming a number of the document that is not a gold answer
-            (:func:`distractor_answer`; ``False`` for correct rows; ``None`` for errors, without the sample, or
-            when the gold answer holds no number).
+        distractor_answer: a wrong answer naming a number of the document, not a gold answer, with a gold
+            number's digit count (:func:`distractor_answer`; ``False`` for correct rows; ``None`` for errors,
+            without the sample, or when the gold answer holds no number).
         lost_at: chunk index of the update that dropped a captured target for good (``captured_then_lost``).
         health: memory health of the update turns (``None`` without a trace).
     """
@@ -260,11 +260,16 @@ def _base(row: Mapping[str, Any], kind: str) -> SampleDiagnosis:
                            score=float(row.get("score") or 0.0))
 
 
-def _targets_or_note(d: SampleDiagnosis, sample: Mapping[str, Any] | None, row: Mapping[str, Any]) -> list[Target]:
-    if sample is not None and row.get("status") == "ok":
-        d.distractor_answer = distractor_answer(row.get("answer"), [str(a) for a in sample.get("answers") or ()],
-                                                str(sample.get("context") or ""))
-        d.distractor_answer = d.distractor_answer and not _is_correct(row)
+def _flag_distractor(d: SampleDiagnosis, row: Mapping[str, Any], sample: Mapping[str, Any] | None) -> None:
+    """Set ``d.distractor_answer`` (any method; needs the sample, not the trace)."""
+    if sample is None or row.get("status") != "ok":
+        return
+    golds = [str(a) for a in sample.get("answers") or ()]
+    flag = distractor_answer(row.get("answer"), golds, str(sample.get("context") or ""))
+    d.distractor_answer = None if flag is None else flag and not _is_correct(row)
+
+
+def _targets_or_note(d: SampleDiagnosis, sample: Mapping[str, Any] | None) -> list[Target]:
     if sample is None:
         d.note = "the sample's data is not in the run folder"
         return []
@@ -287,7 +292,8 @@ def diagnose_direct(row: Mapping[str, Any], sample: Mapping[str, Any] | None, vi
             row has it.
     """
     d = _base(row, "direct")
-    targets = _targets_or_note(d, sample, row)
+    _flag_distractor(d, row, sample)
+    targets = _targets_or_note(d, sample)
     view = view if view is not None else row.get("document_chars")
     if targets and view is None:
         d.note = "where the prompt was truncated is unknown: report with the run's tokenizer (--tokenizer)"
@@ -345,7 +351,8 @@ def diagnose_agent(row: Mapping[str, Any], sample: Mapping[str, Any] | None, tur
             without ``context_chars`` whose documents were truncated.
     """
     d = _base(row, "memory_agent")
-    targets = _targets_or_note(d, sample, row)
+    _flag_distractor(d, row, sample)
+    targets = _targets_or_note(d, sample)
     if turns is None:  # what was read is still known from the view; nothing about the memory
         d.note = "no trace for this row" + (f"; {d.note}" if d.note else "")
         if targets and view is not None and sample is not None:
