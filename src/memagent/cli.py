@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -430,7 +431,19 @@ def _mount_subcommands() -> None:
 _mount_subcommands()
 
 
+_PYTHON_FORMAT_WARNING = warnings.formatwarning
+
+
+def _format_warning(message, category, filename, lineno, line=None) -> str:
+    """The command line's warnings: memagent's own as ``warning: <message>`` (no source line: they are
+    addressed to the user), other libraries' in Python's usual form (they point at code)."""
+    if category is UserWarning and Path(filename).resolve().is_relative_to(Path(__file__).resolve().parent):
+        return f"warning: {message}\n"
+    return _PYTHON_FORMAT_WARNING(message, category, filename, lineno, line)
+
+
 def main() -> None:
+    warnings.formatwarning = _format_warning
     app()
 
 

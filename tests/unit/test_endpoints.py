@@ -25,8 +25,9 @@ def _ok(text="ok"):
 class Servers:
     """A MockTransport handler for several hosts; a host in ``dead`` refuses connections."""
 
-    def __init__(self, dead=(), delay_s=0.0):
+    def __init__(self, dead=(), delay_s=0.0, hung=(), slow=()):
         self.dead, self.delay_s = set(dead), delay_s
+        self.hung, self.slow = set(hung), set(slow)  # hung: nothing answers; slow: only its completions time out
         self.posts: list[tuple[str, str]] = []  # (host, request id from the prompt)
         self.lock = threading.Lock()
 
@@ -34,6 +35,8 @@ class Servers:
         host = request.url.host
         if host in self.dead:
             raise httpx.ConnectError("connection refused")
+        if host in self.hung or (host in self.slow and request.method == "POST"):
+            raise httpx.ReadTimeout("timed out")
         if request.method == "GET":
             return httpx.Response(200, json={"data": []})
         rid = json.loads(request.content)["messages"][-1]["content"]
@@ -107,13 +110,47 @@ def test_a_dead_server_leaves_the_rotation_and_its_request_moves_at_once():
     servers = Servers(dead={"a"})
     b = _backend(servers, max_retries=0, retry_wait_s=5.0)  # a backoff would take 5 s; a failover takes none
     t0 = time.perf_counter()
-    (c,) = b.generate([_req("s1/chunk0", affinity="s1")])
+    with pytest.warns(UserWarning, match=r"^server http://a:1/v1 left the rotation \(ConnectError: connection refused\); "
+                      r"its requests go to the other servers, and it is probed again every 5 s$"):
+        (c,) = b.generate([_req("s1/chunk0", affinity="s1")])
     assert c.text == "b:s1/chunk0" and time.perf_counter() - t0 < 2  # retried on b although max_retries=0
     assert b.endpoint_stats() == {A: {"requests": 0, "failed": 1, "up": False}, B: {"requests": 1, "failed": 0, "up": True}}
-    assert describe_stats(b.endpoint_stats()) == ("requests per server: http://a:1/v1 0 (1 failed attempts, out of "
+    assert describe_stats(b.endpoint_stats()) == ("requests per server: http://a:1/v1 0 (1 failed attempt, out of "
                                                   "the rotation), http://b:2/v1 1")
     (c,) = b.generate([_req("s2/chunk0")])
     assert c.text == "b:s2/chunk0" and servers.posts == [("b", "s1/chunk0"), ("b", "s2/chunk0")]
+
+
+def test_a_hung_server_leaves_the_rotation_after_a_read_timeout_and_its_request_moves():
+    servers = Servers(hung={"a"})  # accepts connections, answers neither completions nor health checks
+    b = _backend(servers, max_retries=0)
+    with pytest.warns(UserWarning, match=r"server http://a:1/v1 left the rotation \(ReadTimeout, and its health check"):
+        (c,) = b.generate([_req("s1/chunk0", affinity="s1")])
+    assert c.text == "b:s1/chunk0"  # moved at once although max_retries=0
+    assert b.endpoint_stats() == {A: {"requests": 0, "failed": 1, "up": False}, B: {"requests": 1, "failed": 0, "up": True}}
+
+
+def test_a_slow_server_that_answers_its_health_check_stays_in_the_rotation():
+    servers = Servers(slow={"a"})  # its completions time out, its health check answers: a long request, not a hang
+    b = _backend(servers, max_retries=1)
+    (c,) = b.generate([_req("s1/chunk0", affinity="s1")])
+    assert c.finish_reason == "error" and "no answer from http://a:1/v1 in time (ReadTimeout) (after 2 attempts)" in c.error
+    assert b.endpoint_stats()[A] == {"requests": 0, "failed": 2, "up": True} and servers.posts == []
+
+
+@pytest.mark.parametrize("url, why", [
+    ("http://127.0.0.1:abc/v1", "is not a valid URL"),
+    ("http://[::1/v1", "is not a valid URL"),
+    ("http://127.0.0.1:99999/v1", "port 99999 is outside 1-65535"),
+    ("http://", "names no host"),
+    ("http://h:8000/v1 ", "holds whitespace"),
+    ("127.0.0.1:8000/v1", "must start with http:// or https://"),
+])
+def test_a_bad_base_url_is_refused_before_any_request(url, why):
+    from memagent.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"base_url .* {why}.*--base-url"):
+        _backend(Servers(), urls=(A, url))
 
 
 def test_unreachable_server_among_several_is_warned_about_and_skipped():
@@ -167,3 +204,15 @@ def test_agent_stops_every_sample_when_all_servers_are_down_and_keeps_finished_r
     # 4 calls answered, 2 samples in flight: the finals of s0 and s1 race, so 1 or 2 samples finished (2 calls
     # each) before the first failure; the other 18 samples stopped at once (no call beyond those in flight)
     assert 1 <= len(done) <= 2 and len(calls) <= 7, (done, calls)
+
+
+def test_the_command_line_prints_memagent_warnings_without_source_lines():
+    from pathlib import Path
+
+    import memagent.backends.endpoints as endpoints
+    from memagent.cli import _format_warning
+
+    ours = _format_warning(UserWarning("server x left the rotation"), UserWarning, endpoints.__file__, 124, "code")
+    assert ours == "warning: server x left the rotation\n"
+    theirs = _format_warning(UserWarning("deprecated"), UserWarning, str(Path(pytest.__file__)), 7, "code")
+    assert theirs.startswith(str(Path(pytest.__file__))) and "7: UserWarning: deprecated" in theirs

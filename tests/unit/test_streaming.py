@@ -201,7 +201,7 @@ def test_stream_and_iterator_sources_are_read_once():
         _text(s)
     it = IterText(iter(["a ", "b"]))
     assert _text(it) == "a b"
-    with pytest.raises(DataError, match="piece 1 is a int"):
+    with pytest.raises(DataError, match="piece 1 is of type int"):
         _text(IterText(["a", 3]))
     assert document_source("plain") == "plain" and document_source(None) is None
 

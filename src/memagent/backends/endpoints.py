@@ -59,11 +59,14 @@ class EndpointPool:
         recheck_s: seconds before a down endpoint is probed again.
         affinity_slack: a key's endpoint is kept while it has at most this many more requests in flight than
             the least-loaded one.
+        on_leave: ``on_leave(endpoint, why)``, called when an endpoint leaves the rotation during a run while
+            others stay up (the backend warns there, so a user sees it when it happens).
     """
 
     def __init__(self, urls: Sequence[str], probe: Callable[[str], None], recheck_s: float = 5.0,
-                 affinity_slack: int = 4):
+                 affinity_slack: int = 4, on_leave: Callable[[Endpoint, str], None] | None = None):
         self.endpoints = [Endpoint(u) for u in urls]
+        self._on_leave = on_leave
         self._probe, self.recheck_s, self.affinity_slack = probe, recheck_s, affinity_slack
         self._lock = threading.Lock()
         self._affinity: OrderedDict[str, Endpoint] = OrderedDict()
@@ -109,12 +112,17 @@ class EndpointPool:
             else:
                 ep.failed += 1
 
-    def mark_down(self, ep: Endpoint, why: str) -> bool:
-        """Take ``ep`` out of the rotation; returns whether another endpoint is still up."""
+    def mark_down(self, ep: Endpoint, why: str, quiet: bool = False) -> bool:
+        """Take ``ep`` out of the rotation; returns whether another endpoint is still up. When ``ep`` leaves
+        while others stay up, ``on_leave(ep, why)`` is called (unless ``quiet``: the caller says so itself)."""
         with self._lock:
+            left = ep.up
             if ep.up:
                 ep.up, ep.down_since, ep.last_error = False, time.monotonic(), why
-            return any(e.up for e in self.endpoints)
+            others = any(e.up for e in self.endpoints)
+        if left and others and not quiet and self._on_leave is not None:
+            self._on_leave(ep, why)
+        return others
 
     def any_up(self) -> bool:
         with self._lock:
@@ -160,7 +168,7 @@ def describe_stats(stats: dict[str, dict[str, int | bool]]) -> str:
     out of the rotation at the end (:meth:`EndpointPool.stats`)."""
     parts = []
     for url, s in stats.items():
-        notes = [f"{s['failed']} failed attempts"] if s["failed"] else []
+        notes = [f"{s['failed']} failed attempt{'s' if s['failed'] != 1 else ''}"] if s["failed"] else []
         if not s["up"]:
             notes.append("out of the rotation")
         parts.append(f"{url} {s['requests']}" + (f" ({', '.join(notes)})" if notes else ""))

@@ -79,6 +79,28 @@ def _retry_after_s(value: str | None) -> float | None:
         return None
 
 
+def check_base_url(url: object) -> None:
+    """Refuse a server URL that cannot be requested, before any request.
+
+    Raises:
+        ConfigError: ``url`` is not a string, lacks ``http://`` / ``https://``, has no host, holds whitespace,
+            or has a port that is not a number in 1-65535 (names the URL and the ``--base-url`` option).
+    """
+    fix = "give --base-url (base_url) as http://HOST:PORT/v1"
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise ConfigError(f"base_url {url!r} must start with http:// or https://; {fix}")
+    if url != url.strip() or any(c.isspace() for c in url):
+        raise ConfigError(f"base_url {url!r} holds whitespace; {fix}")
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as e:
+        raise ConfigError(f"base_url {url!r} is not a valid URL ({e}); {fix}") from None
+    if not parsed.host:
+        raise ConfigError(f"base_url {url!r} names no host; {fix}")
+    if parsed.port is not None and not 1 <= parsed.port <= 65535:
+        raise ConfigError(f"base_url {url!r}: port {parsed.port} is outside 1-65535; {fix}")
+
+
 class OpenAIBackend:
     """A model behind an OpenAI-compatible ``/chat/completions`` endpoint.
 
@@ -145,8 +167,7 @@ class OpenAIBackend:
         if not urls:
             raise ConfigError("OpenAIBackend: give at least one base_url")
         for url in urls:
-            if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-                raise ConfigError(f"OpenAIBackend: base_url {url!r} must start with http:// or https://")
+            check_base_url(url)
         self.base_urls = tuple(dict.fromkeys(u.rstrip("/") for u in urls))
         self.base_url = self.base_urls[0]
         self.model = model
@@ -167,7 +188,7 @@ class OpenAIBackend:
         )
         self.retry_max_wait_s = retry_max_wait_s
         self._warned_control_text = False
-        self.pool = EndpointPool(self.base_urls, self._probe, recheck_s)
+        self.pool = EndpointPool(self.base_urls, self._probe, recheck_s, on_leave=self._warn_left)
 
     def __repr__(self) -> str:
         urls = self.base_url if len(self.base_urls) == 1 else list(self.base_urls)
@@ -274,6 +295,10 @@ class OpenAIBackend:
             if isinstance(e, httpx.ConnectTimeout):
                 others = self.pool.mark_down(ep, f"{type(e).__name__}")
                 raise _Transient(BackendTimeout(f"cannot connect to {ep.url} in time", rid), failover=others) from e
+            if len(self.pool.endpoints) > 1 and not self._answers(ep.url):  # hung: it took the request, answers nothing
+                others = self.pool.mark_down(ep, f"{type(e).__name__}, and its health check got no answer")
+                raise _Transient(BackendTimeout(f"no answer from {ep.url} in time ({type(e).__name__})", rid),
+                                 failover=others) from e
             raise _Transient(BackendTimeout(f"no answer from {ep.url} in time ({type(e).__name__})", rid)) from e
         except httpx.TransportError as e:
             others = self.pool.mark_down(ep, f"{type(e).__name__}: {e}") if isinstance(e, _GONE) else self.pool.any_up()
@@ -304,6 +329,19 @@ class OpenAIBackend:
             check_prompt_usage(completion.usage.prompt_tokens, sent, rid)
         return completion
 
+    def _warn_left(self, ep, why: str) -> None:
+        warnings.warn(self._redact(f"server {ep.url} left the rotation ({why}); its requests go to the other servers, "
+                                   f"and it is probed again every {self.pool.recheck_s:g} s"), stacklevel=2)
+
+    def _answers(self, url: str) -> bool:
+        """Whether the server at ``url`` answers its health check now (after a request to it timed out: a slow
+        request on a live server, or a hung server that accepts connections and answers nothing)."""
+        try:
+            self._probe(url)
+        except httpx.HTTPError:
+            return False
+        return True
+
     def _probe(self, url: str, timeout_s: float = 2.0) -> httpx.Response:
         """A health check: ``GET /models`` (any HTTP answer means the server is there)."""
         return self._client.get(f"{url}/models", timeout=timeout_s)
@@ -333,7 +371,7 @@ class OpenAIBackend:
             raise BackendError(self._redact(f"cannot reach {where}; is the server running, and is --base-url right "
                                             "(with its /v1 prefix)?"))
         for ep, why in failures:
-            self.pool.mark_down(ep, why)
+            self.pool.mark_down(ep, why, quiet=True)
             warnings.warn(self._redact(f"cannot reach {ep.url} ({why}): left out of the rotation for now (probed "
                                        f"again every {self.pool.recheck_s:g} s)"), stacklevel=2)
 

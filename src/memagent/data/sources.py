@@ -170,7 +170,7 @@ class IterText:
     def _checked(self) -> Iterator[str]:
         for k, piece in enumerate(self._it):
             if not isinstance(piece, str):
-                raise DataError(f"{self.name}: piece {k} is a {type(piece).__name__}, not a string")
+                raise DataError(f"{self.name}: piece {k} is of type {type(piece).__name__}, not str: give text pieces")
             yield piece
 
 

@@ -129,7 +129,7 @@ class LoraServersBackend(OpenAIBackend):
                 self._load(ep.url, name, path)
             except httpx.HTTPError as e:
                 failures.append(ep.url)
-                self.pool.mark_down(ep, f"{type(e).__name__}: {e}")
+                self.pool.mark_down(ep, f"{type(e).__name__}: {e}", quiet=True)
                 warnings.warn(f"cannot reach {ep.url} to load adapter {name} ({type(e).__name__}); it leaves the "
                               "rotation until it answers again (then it gets the adapter first)", stacklevel=2)
         if not self.pool.any_up():
