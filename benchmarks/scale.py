@@ -12,7 +12,8 @@
 (b) 128 samples of about 15K tokens (chunk 2000, memory 256) against a local fake OpenAI server (loopback, fixed
     latency, unlimited parallelism) at C requests in flight: wall time against the bound (tokenizing every
     document + turns x latency x ceil(samples / C)).
-(c) Two fake servers; one is killed mid-run: the run must end with every row ok and no row twice.
+(c) Two fake servers; one is killed mid-run (or, with --hang, stopped: it accepts connections and answers
+    nothing): the run must end with every row ok and no row twice.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -237,25 +239,32 @@ def cmd_failover(args) -> None:
                                for x in samples))
         cmd = [sys.executable, "-m", "memagent", "run", "--backend", "openai", "--model", "fake", "--tokenizer",
                "smollm2", "--chunk-tokens", "2000", "--memory-tokens", "256", "--final-tokens", "64", "--concurrency",
-               str(args.concurrency), "--base-url", url_a, "--base-url", url_b, "--input", str(inp), "--output", str(out)]
+               str(args.concurrency), "--base-url", url_a, "--base-url", url_b, "--input", str(inp), "--output", str(out),
+               "--timeout", str(args.timeout)]
         t0 = time.perf_counter()
         run = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
             while run.poll() is None and (len(out.read_text().splitlines()) if out.exists() else 0) < args.kill_after:
                 time.sleep(0.05)
             killed_at = len(out.read_text().splitlines()) if out.exists() else 0
-            b.kill()
-            b.wait()
+            if args.hang:
+                os.kill(b.pid, signal.SIGSTOP)  # hung: its socket still accepts connections, nothing answers
+            else:
+                b.kill()
+                b.wait()
             _, stderr = run.communicate(timeout=600)
         finally:
             for p in (a, b):
+                if args.hang:
+                    os.kill(p.pid, signal.SIGCONT)
                 p.kill()
                 p.wait()
         rows = [json.loads(x) for x in out.read_text().splitlines()]
     ids = [r["sample_id"] for r in rows]
     summary = next((x for x in stderr.splitlines() if x.startswith("requests per server")), "")
     print(f"exit status {run.returncode}; {len(rows)} rows for {len(samples)} samples, {len(set(ids))} distinct, "
-          f"{sum(r['status'] == 'ok' for r in rows)} ok; second server killed after {killed_at} rows; "
+          f"{sum(r['status'] == 'ok' for r in rows)} ok; second server {'stopped (SIGSTOP)' if args.hang else 'killed'} "
+          f"after {killed_at} rows; "
           f"{time.perf_counter() - t0:.1f} s")
     print(summary.replace(url_a, "A").replace(url_b, "B"))
 
@@ -285,6 +294,9 @@ def main() -> None:
     c.add_argument("--concurrency", type=int, default=32)
     c.add_argument("--latency", type=float, default=0.2)
     c.add_argument("--kill-after", type=int, default=16, help="rows written before the second server is killed")
+    c.add_argument("--hang", action="store_true", help="stop the second server with SIGSTOP instead (it accepts "
+                   "connections and answers nothing) and let the read timeout find it")
+    c.add_argument("--timeout", type=float, default=3.0, help="memagent run --timeout (seconds per request)")
     one = sub.add_parser("_tokenize_one")
     one.add_argument("tokens", type=int)
     one.add_argument("chunk_tokens", type=int)
