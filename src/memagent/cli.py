@@ -142,6 +142,7 @@ def run(
     from memagent.runfiles import output_lock, trace_rows
 
     agent_config = _with_policy(agent_config, backend_options)
+    b = None
     with contextlib.ExitStack() as held:
         try:
             samples = _run_samples(question, document, input, output, trace, resume, allow_binary)
@@ -178,12 +179,21 @@ def run(
                         f.close()
                 b.close()
         except MemagentError as e:
+            _echo_endpoint_stats(b, only_if_used=True)  # every server down mid-run: how far each one got
             _fail(e)
-    if callable(getattr(b, "endpoint_stats", None)):  # a server backend: how its servers shared the requests
-        from memagent.backends.endpoints import describe_stats
-
-        typer.echo(describe_stats(b.endpoint_stats()), err=True)
+    _echo_endpoint_stats(b)
     _report_run(samples, trajs, input is None, output, settings, trace)
+
+
+def _echo_endpoint_stats(b, only_if_used: bool = False) -> None:
+    """A server backend's requests per server, on stderr (``only_if_used``: not when none was sent)."""
+    if not callable(getattr(b, "endpoint_stats", None)):
+        return
+    from memagent.backends.endpoints import describe_stats
+
+    stats = b.endpoint_stats()
+    if not only_if_used or any(s["requests"] or s["failed"] for s in stats.values()):
+        typer.echo(describe_stats(stats), err=True)
 
 
 def _run_samples(question, document, input, output, trace, resume, allow_binary: bool = False) -> list:

@@ -85,6 +85,8 @@ def test_an_unreachable_server_is_skipped_and_all_down_stops_keeping_rows(tmp_pa
     assert "none of the 2 servers answers" in stderr and "rows already written are kept" in stderr
     rows = _rows(out)
     assert 3 <= len(rows) < 24 and all(r["status"] == "ok" for r in rows)
+    summary = next(x for x in stderr.splitlines() if x.startswith("requests per server: "))  # how far each got
+    assert summary.startswith(f"requests per server: {url_a} ") and "out of the rotation" in summary, summary
     assert len({r["sample_id"] for r in rows}) == len(rows)
 
 
