@@ -215,7 +215,7 @@ def read_document_text(source: str | os.PathLike | bytes, name: str | None = Non
         p = Path(source)
         name = name or str(p)
         if not p.is_file():
-            raise DataError(f"{name} is not a file; give a text file path or '-' for stdin")
+            raise DataError(f"{name} is not a file; give the path of a text file (on the command line, '-' reads stdin)")
         try:
             raw = p.read_bytes()
         except OSError as e:

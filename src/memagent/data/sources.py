@@ -99,7 +99,7 @@ class FileText:
         self.path, self.name = os.fspath(path), os.fspath(path)
         self.allow_binary, self.warn = allow_binary, warn or _warn_default
         if not os.path.isfile(self.path):
-            raise DataError(f"{self.name} is not a file; give a text file path or '-' for stdin")
+            raise DataError(f"{self.name} is not a file; give the path of a text file (on the command line, '-' reads stdin)")
         _check_head(self._read_head(), self.name, allow_binary, self.warn)  # a binary file: refused before any call
         self._warned = False
 
