@@ -22,6 +22,12 @@ def test_lora_is_refused_by_backends_that_cannot_apply_it(backend, extra):
         BackendOptions(backend=backend, lora_path="a.gguf", **extra).settings()
 
 
+@pytest.mark.parametrize("backend, extra", [("scripted", {}), ("llamacpp", {}), ("hf", {"model": "d"})])
+def test_base_url_is_refused_by_backends_that_reach_no_server(backend, extra):
+    with pytest.raises(ConfigError, match=f"--base-url is not used by --backend {backend}; .*--backend openai"):
+        BackendOptions(backend=backend, base_url="http://127.0.0.1:8000/v1", **extra).settings()
+
+
 def test_lora_path_is_in_the_method_hash_only_when_given():
     grid = {"backend": {"name": "llamacpp", "n_ctx": 8192},
             "methods": [{"name": "base", "chunk_tokens": 512},

@@ -69,6 +69,9 @@ class BackendOptions:
         if self.lora_path is not None and name not in ("llamacpp", "llamacpp-batch"):
             raise ConfigError(f"--lora is not used by --backend {name}; a llama.cpp LoRA GGUF needs --backend llamacpp "
                               "or llamacpp-batch (for hf or vllm, export the run merged: memagent export --format hf)")
+        if self.base_url and name != "openai":
+            raise ConfigError(f"--base-url is not used by --backend {name}; a server is reached with --backend openai "
+                              "(and --model, the served model's name)")
         if name in ("llamacpp", "llamacpp-batch"):
             out = {"name": name, "n_ctx": window, "model_path": self.model, "n_threads": self.threads,
                    "lora_path": self.lora_path}
