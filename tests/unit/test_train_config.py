@@ -142,3 +142,31 @@ def test_a_checkpoint_config_without_newer_settings_compares_as_their_defaults()
     assert config_changes(old, now) == []
     lora = config_to_dict(load_config(None, ["optim.lr=1e-5", "model.lora.enabled=true", "model.lora.rank=4"]))
     assert config_changes(old, lora) == [("model.lora.enabled", False, True), ("model.lora.rank", 8, 4)]
+
+
+def test_a_resume_may_change_only_the_settings_resume_changes_names(tmp_path):
+    import warnings
+
+    from memagent.errors import ConfigError
+    from memagent.train.checkpoint import Checkpointer
+    from memagent.train.distributed import DistInfo
+
+    out = f"run.output_dir={tmp_path}"
+    first = load_config(None, [out, "rl.kl_coef=0.001"])
+    Checkpointer(first, DistInfo(), fsdp=False).save({"step": 10, "templates_hash": "t"})
+
+    def load(*overrides):
+        return Checkpointer(load_config(None, [out, *overrides]), DistInfo(), fsdp=False).load("t")
+
+    with pytest.raises(ConfigError, match=r"other settings \(rl.kl_coef: 0.001 -> 0.05\)"):
+        load("rl.kl_coef=0.05")
+    with pytest.warns(UserWarning, match=r"\(step 10\) with changed settings \(rl.kl_coef: 0.001 -> 0.05\), as "
+                      "run.resume_changes allows"):
+        assert load("rl.kl_coef=0.05", "run.resume_changes=[rl.kl_coef]")["step"] == 10
+    with pytest.raises(ConfigError, match=r"other settings \(optim.lr: 1e-06 -> 2e-06\)"):  # only the named key
+        load("rl.kl_coef=0.05", "optim.lr=2e-6", "run.resume_changes=[rl.kl_coef]")
+    with pytest.raises(ConfigError, match="run.resume_changes names rl.kl_coeff, not settings of a training config"):
+        load("run.resume_changes=[rl.kl_coeff]")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing changed: no warning although the key is allowed
+        assert load("rl.kl_coef=0.001", "run.resume_changes=[rl.kl_coef]")["step"] == 10

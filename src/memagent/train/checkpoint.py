@@ -32,7 +32,7 @@ RESUMABLE_CHANGES = frozenset({
     "run.dist_timeout_s", "run.rollout_engine", "run.vllm_gpu_memory_utilization",
     "run.rollout_servers", "run.rollout_adapter_dir", "run.rollout_concurrency",
     "model.logprob_chunk_tokens", "model.gradient_checkpointing", "optim.micro_batch_tokens",
-    "rl.shared_prefix", "rl.shared_prefix_min_tokens",
+    "rl.shared_prefix", "rl.shared_prefix_min_tokens", "run.resume_changes",
 })
 
 
@@ -157,7 +157,8 @@ class Checkpointer:
 
         Raises:
             ConfigError: the checkpoint was made with other settings in keys that change what is trained
-                (anything but :data:`RESUMABLE_CHANGES`): a resumed run would otherwise mix two configurations.
+                (anything but :data:`RESUMABLE_CHANGES` and ``run.resume_changes``): a resumed run would otherwise
+                mix two configurations unawares; or ``run.resume_changes`` names a key the configuration lacks.
         """
         found = self.found()
         if not found:
@@ -166,7 +167,7 @@ class Checkpointer:
         from memagent.train.lora import check_resume_kind
 
         check_resume_kind(state.get("lora"), self.cfg.model.lora, path)  # LoRA vs full fine-tuning, with what differs
-        changed = config_changes(state.get("config", {}), config_to_dict(self.cfg))
+        changed, branched = self._branch(config_changes(state.get("config", {}), config_to_dict(self.cfg)))
         if state.get("templates_hash", templates_hash) != templates_hash:  # the file's text, not its path
             changed.append(("prompt templates (agent.templates' text)", state["templates_hash"], templates_hash))
         old_total = state.get("config", {}).get("run", {}).get("total_steps", self.cfg.run.total_steps)
@@ -175,9 +176,23 @@ class Checkpointer:
         if changed:
             listing = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changed[:8])
             raise ConfigError(f"{path} was saved with other settings ({listing}); resume with the checkpoint's "
-                              "settings, or choose another run.output_dir to start a new run")
+                              "settings, or choose another run.output_dir to start a new run (to branch this "
+                              "one on purpose, name the keys in run.resume_changes)")
+        if branched and self.dist.is_main:
+            listing = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in branched)
+            warnings.warn(f"resuming {path} (step {state['step']}) with changed settings ({listing}), as "
+                          "run.resume_changes allows: the run continues under the new values", stacklevel=2)
         set_rng_state(state["rng"])
         return state
+
+    def _branch(self, changed: list[tuple[str, Any, Any]]) -> tuple[list, list]:
+        """``changed`` split into the changes ``run.resume_changes`` does not allow and those it does."""
+        allowed = set(self.cfg.run.resume_changes)
+        unknown = sorted(allowed - set(_dotted(config_to_dict(self.cfg))))
+        if unknown:
+            raise ConfigError(f"run.resume_changes names {', '.join(unknown)}, not settings of a training config "
+                              "(give dotted keys such as rl.kl_coef)")
+        return [c for c in changed if c[0] not in allowed], [c for c in changed if c[0] in allowed]
 
     def _newest_readable(self, found: list[str]) -> tuple[str, dict[str, Any]]:
         """``(path, state)`` of the newest checkpoint that loads; a file that does not (truncated by a kill or a

@@ -215,6 +215,11 @@ class RunConfig:
         rollout_adapter_dir: with ``rollout_engine=servers``, the folder the adapters are written to, as the
             servers see it (a shared file system when they run elsewhere); default ``output_dir/rollout_adapters``.
         rollout_concurrency: with ``rollout_engine=servers``, requests in flight at once over all servers.
+        resume_changes: settings (dotted keys, e.g. ``rl.kl_coef``) that this resume may change from the
+            checkpoint's although they change what is trained: a deliberate branch of a run (give another
+            ``output_dir`` with a copy of the checkpoint to keep the original). The checkpoint's adapter or
+            weights, optimizer, schedule and RNG state carry on under the new values; each change is warned
+            about and kept in ``config.json``. Empty (the default): any such change refuses the resume.
     """
 
     output_dir: str = "runs/train"
@@ -236,6 +241,7 @@ class RunConfig:
     rollout_servers: tuple[str, ...] = ()
     rollout_adapter_dir: str | None = None
     rollout_concurrency: int = 256
+    resume_changes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
