@@ -224,6 +224,11 @@ def _run_samples(question, document, input, output, trace, resume, allow_binary:
     samples = read_samples(input)
     if not samples:
         raise MemagentError(f"--input {input} holds no samples")
+    empty = [s.id for s in samples if isinstance(s.context, str) and not s.context.strip()]
+    if empty:  # answered all the same (as an empty --document is), from no memory
+        shown = ", ".join(empty[:5]) + (f" and {len(empty) - 5} more" if len(empty) > 5 else "")
+        typer.secho(f"warning: {len(empty)} sample(s) of {input} have an empty context ({shown}): their answers "
+                    "come from no memory at all", fg="yellow", err=True)
     if resume:
         if output is None:
             raise MemagentError("--resume needs --output (the predictions file to continue)")

@@ -327,3 +327,14 @@ def test_demo_ruler_marks_the_needle_chunk_and_tests_each_memory_for_the_answer(
 def test_run_lora_of_an_unknown_policy_name_exits_2_listing_the_packaged_ones(tmp_path):
     r = _run("run", "-q", "Q", "-d", "-", "--lora", "ruler-naih", "-b", "llamacpp", input="text")
     assert r.exit_code == 2 and "no packaged policy 'ruler-naih'" in r.output, r.output
+
+
+def test_samples_with_an_empty_context_are_warned_about_and_answered(tmp_path):
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    rows = [{"id": "a", "question": "q", "context": "doc"}, {"id": "b", "question": "q", "context": " \n"},
+            {"id": "c", "question": "q", "context": ""}]
+    inp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted")
+    assert r.exit_code == 0, r.output
+    assert f"warning: 2 sample(s) of {inp} have an empty context (b, c)" in r.output
+    assert sorted(json.loads(x)["sample_id"] for x in out.read_text().splitlines()) == ["a", "b", "c"]  # written as done
