@@ -295,11 +295,10 @@ class OpenAIBackend:
             if isinstance(e, httpx.ConnectTimeout):
                 others = self.pool.mark_down(ep, f"{type(e).__name__}")
                 raise _Transient(BackendTimeout(f"cannot connect to {ep.url} in time", rid), failover=others) from e
-            if len(self.pool.endpoints) > 1 and not self._answers(ep.url):  # hung: it took the request, answers nothing
-                others = self.pool.mark_down(ep, f"{type(e).__name__}, and its health check got no answer")
-                raise _Transient(BackendTimeout(f"no answer from {ep.url} in time ({type(e).__name__})", rid),
-                                 failover=others) from e
-            raise _Transient(BackendTimeout(f"no answer from {ep.url} in time ({type(e).__name__})", rid)) from e
+            hung = len(self.pool.endpoints) > 1 and not self._answers(ep.url)  # took the request, answers nothing
+            others = hung and self.pool.mark_down(ep, f"{type(e).__name__}, and its health check got no answer")
+            raise _Transient(BackendTimeout(f"no answer from {ep.url} in time ({type(e).__name__})", rid),
+                             failover=others) from e
         except httpx.TransportError as e:
             others = self.pool.mark_down(ep, f"{type(e).__name__}: {e}") if isinstance(e, _GONE) else self.pool.any_up()
             raise _Transient(BackendError(f"cannot reach {ep.url}: {type(e).__name__}: {e}", rid),
