@@ -332,5 +332,9 @@ def test_prompt_usage_tolerance_boundary_and_servers_without_usage():
     del no_usage["usage"]
     (c,) = _backend(_Server((200, no_usage)), tokenizer=ByteTokenizer()).generate([Request(doc, 8, request_id="a")])
     assert c.error is None and c.text == "Paris"
+    # no usage reported: the client's estimate, 2,000 content bytes + 64 template tokens, "Paris" = 5 bytes
+    assert c.usage == Usage(prompt_tokens=2064, completion_tokens=5)
+    (c,) = _backend(_Server((200, no_usage))).generate([Request(doc, 8, request_id="a2")])
+    assert c.usage == Usage(0, 0)  # no tokenizer: nothing to estimate with
     (c,) = _backend(_Server((200, _ok_body(prompt_tokens=50)))).generate([Request(doc, 8, request_id="b")])
     assert c.error is None  # no tokenizer: nothing to count the prompt with

@@ -46,7 +46,7 @@ from memagent.backends.openai_wire import (  # noqa: F401 - the wire format's pu
 from memagent.backends.sampling import engine_options
 from memagent.errors import BackendError, BackendTimeout, BadResponse, ConfigError, PromptTruncated
 from memagent.tokenization import Tokenizer
-from memagent.types import Completion, Message, Request
+from memagent.types import Completion, Message, Request, Usage
 
 #: HTTP statuses worth retrying: rate limiting, request timeout, server-side failures.
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
@@ -116,7 +116,9 @@ class OpenAIBackend:
             completions; :meth:`server_context_tokens` asks vLLM for it).
         tokenizer: a tokenizer matching the served model, used by :meth:`count_prompt_tokens` and to check the
             server's ``usage.prompt_tokens`` (:func:`check_prompt_usage`: a prompt the server cut short
-            comes back as a :class:`PromptTruncated` error completion).
+            comes back as a :class:`PromptTruncated` error completion). A server that reports no ``usage``
+            gets the client's estimate in its place: :meth:`count_prompt_tokens` for the prompt, the answer's
+            tokens for the completion (without a tokenizer both stay 0).
         extra_body: extra fields added to every payload (see :func:`build_payload`).
         retry_wait_s: first backoff wait in seconds; it doubles per retry, plus up to ``retry_wait_s`` of
             random jitter.
@@ -326,6 +328,9 @@ class OpenAIBackend:
             if sent is None:
                 sent = sum(len(self.tokenizer.encode(m.content)) for m in request.messages)
             check_prompt_usage(completion.usage.prompt_tokens, sent, rid)
+        if self.tokenizer is not None and completion.usage == Usage():  # the server reported no usage
+            estimate = Usage(self.count_prompt_tokens(request.messages) or 0, len(self.tokenizer.encode(completion.text)))
+            completion = dataclasses.replace(completion, usage=estimate)
         return completion
 
     def _warn_left(self, ep, why: str) -> None:
