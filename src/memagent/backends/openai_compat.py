@@ -323,14 +323,15 @@ class OpenAIBackend:
         if isinstance(body, str):
             raise BadResponse(f"HTTP {resp.status_code} with a body that is not JSON: {body[:200]!r}", rid)
         completion = parse_response(body, rid)
-        if self.tokenizer is not None and completion.usage.prompt_tokens > 0:
-            sent = request.content_tokens
-            if sent is None:
-                sent = sum(len(self.tokenizer.encode(m.content)) for m in request.messages)
-            check_prompt_usage(completion.usage.prompt_tokens, sent, rid)
-        if self.tokenizer is not None and completion.usage == Usage():  # the server reported no usage
-            estimate = Usage(self.count_prompt_tokens(request.messages) or 0, len(self.tokenizer.encode(completion.text)))
-            completion = dataclasses.replace(completion, usage=estimate)
+        if self.tokenizer is None:
+            return completion
+        sent = request.content_tokens
+        if sent is None:
+            sent = sum(len(self.tokenizer.encode(m.content)) for m in request.messages)
+        if completion.usage == Usage():  # the server reported no usage: the client's estimate in its place
+            estimate = Usage(sent + self.chat_overhead_tokens, len(self.tokenizer.encode(completion.text)))
+            return dataclasses.replace(completion, usage=estimate)
+        check_prompt_usage(completion.usage.prompt_tokens, sent, rid)
         return completion
 
     def _warn_left(self, ep, why: str) -> None:
