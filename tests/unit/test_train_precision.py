@@ -7,7 +7,7 @@ pytest.importorskip("transformers")
 
 from memagent.errors import ConfigError  # noqa: E402
 from memagent.train.batching import TokenLogProbs, pad_rows  # noqa: E402
-from memagent.train.precision import compute_autocast, native_bfloat16  # noqa: E402
+from memagent.train.precision import compute_autocast, native_bfloat16, resolve_compute_dtype  # noqa: E402
 from memagent.train.rollout import Row  # noqa: E402
 from memagent.train.tiny import make_tiny_model  # noqa: E402
 
@@ -62,6 +62,18 @@ def test_native_bfloat16_reads_the_cpu_flags(tmp_path):
     assert native_bfloat16("cpu", str(with_bf16)) is True
     assert native_bfloat16("cpu", str(without)) is False
     assert native_bfloat16("cpu", str(tmp_path / "missing")) is False
+
+
+def test_auto_compute_dtype_picks_bfloat16_only_where_the_device_has_it(recwarn):
+    assert resolve_compute_dtype("auto", "cpu", native=True) == "bfloat16"
+    assert resolve_compute_dtype("auto", "cpu", native=False) == "float32"
+    assert resolve_compute_dtype("float32", "cpu", native=True) == "float32"
+    assert resolve_compute_dtype("bfloat16", "cpu", native=True) == "bfloat16"
+    assert len(recwarn) == 0
+    with pytest.warns(UserWarning, match="without native bfloat16 .*set model.compute_dtype=auto or float32"):
+        assert resolve_compute_dtype("bfloat16", "cpu", native=False) == "bfloat16"  # forced: kept, with a warning
+    with pytest.raises(ConfigError, match="must be one of auto, float32, bfloat16, got 'bf16'"):
+        resolve_compute_dtype("bf16")
 
 
 def test_lora_on_a_bfloat16_base_under_autocast(tiny):

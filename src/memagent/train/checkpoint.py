@@ -25,13 +25,14 @@ from memagent.train.distributed import DistInfo, barrier
 from memagent.train.policy import rng_state, set_rng_state
 
 #: Settings a resumed run may change: run length, logging, checkpoint cadence, the folder (a moved run) and
-#: knobs that only trade memory for speed. Anything else changes what is trained and must match the checkpoint.
+#: knobs that only trade memory for speed (``model.compute_dtype`` too: bfloat16 rounding moves log-probabilities by
+#: about 1e-2, and "auto" resolves differently per machine). Anything else changes what is trained.
 RESUMABLE_CHANGES = frozenset({
     "run.total_steps", "run.stop_after_step", "run.save_every", "run.val_every", "run.val_before_train",
     "run.keep_checkpoints", "run.tensorboard", "run.torch_threads", "run.rollout_threads", "run.resume", "run.output_dir", "run.distributed",
     "run.dist_timeout_s", "run.rollout_engine", "run.vllm_gpu_memory_utilization",
     "run.rollout_servers", "run.rollout_adapter_dir", "run.rollout_concurrency",
-    "model.logprob_chunk_tokens", "model.gradient_checkpointing", "optim.micro_batch_tokens",
+    "model.logprob_chunk_tokens", "model.gradient_checkpointing", "model.compute_dtype", "optim.micro_batch_tokens",
     "rl.shared_prefix", "rl.shared_prefix_min_tokens", "run.resume_changes",
 })
 

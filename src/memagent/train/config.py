@@ -41,7 +41,9 @@ class ModelConfig:
             ``dtype`` is the storage dtype of the frozen base; the adapters and their AdamW state are float32.
         compute_dtype: dtype of the update's matrix products: ``bfloat16`` runs the scoring and training
             forwards under autocast over the ``dtype`` weights (float32 master weights, gradients and AdamW
-            state; log-softmax and loss in float32); about 2x faster on CPUs with AVX512_BF16 or AMX.
+            state; log-softmax and loss in float32); about 2x faster on CPUs with AVX512_BF16 or AMX, about 9x
+            slower on CPUs without (AVX2 only). ``auto`` picks bfloat16 only where the device has it
+            (:func:`memagent.train.precision.resolve_compute_dtype`).
     """
 
     path: str = "tiny"
@@ -49,7 +51,7 @@ class ModelConfig:
     logprob_chunk_tokens: int = 512
     gradient_checkpointing: bool = False
     lora: LoraSettings = field(default_factory=LoraSettings)
-    compute_dtype: Literal["float32", "bfloat16"] = "float32"
+    compute_dtype: Literal["auto", "float32", "bfloat16"] = "float32"
 
 
 @dataclass(frozen=True)

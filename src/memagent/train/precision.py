@@ -7,19 +7,25 @@ away, see :class:`memagent.train.config.TrainConfig`). The log-softmax over the 
 after it (ratios, KL, the loss) stays float32.
 
 On CPUs with native bfloat16 instructions (AVX512_BF16 or AMX) the matmuls run about twice as fast; elsewhere
-bfloat16 is emulated and slower (:func:`native_bfloat16` tells).
+bfloat16 is emulated and much slower: on an AVX2-only AMD EPYC the levered update of one question x G=4 took
+1,080 s under bfloat16 against 88-125 s in float32 (``benchmarks/update_levers.py`` shapes, one thread).
+``compute_dtype="auto"`` (:func:`resolve_compute_dtype`) picks bfloat16 only where :func:`native_bfloat16`
+says the device has it, and a forced ``"bfloat16"`` on a CPU without it warns.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 
 import torch
 
 from memagent.errors import ConfigError
 
 COMPUTE_DTYPES: tuple[str, ...] = ("float32", "bfloat16")
+#: What ``model.compute_dtype`` accepts: a dtype, or ``"auto"`` (:func:`resolve_compute_dtype`).
+COMPUTE_DTYPE_SETTINGS: tuple[str, ...] = ("auto", *COMPUTE_DTYPES)
 
 
 def compute_autocast(compute_dtype: str, device: torch.device | str = "cpu") -> contextlib.AbstractContextManager:
@@ -69,3 +75,33 @@ def native_bfloat16(device_type: str = "cpu", cpuinfo: str = "/proc/cpuinfo") ->
     except OSError:
         return False
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_compute_dtype(setting: str, device_type: str = "cpu", native: bool | None = None) -> str:
+    """The update's compute dtype for ``model.compute_dtype = setting`` on ``device_type``.
+
+    ``"auto"`` answers ``"bfloat16"`` where the device computes it natively (:func:`native_bfloat16`: a CUDA
+    device with bf16, a CPU with AVX512_BF16 or AMX) and ``"float32"`` elsewhere. ``"float32"`` and
+    ``"bfloat16"`` answer themselves; ``"bfloat16"`` on a device without native bfloat16 also warns, since
+    there it is emulated and was measured about 9x slower than float32 (module docstring).
+
+    Args:
+        setting: one of :data:`COMPUTE_DTYPE_SETTINGS`.
+        device_type: ``"cpu"`` or ``"cuda"``.
+        native: whether the device has native bfloat16; None asks :func:`native_bfloat16`.
+
+    Raises:
+        ConfigError: another setting.
+    """
+    if setting not in COMPUTE_DTYPE_SETTINGS:
+        raise ConfigError(f"model.compute_dtype must be one of {', '.join(COMPUTE_DTYPE_SETTINGS)}, got {setting!r}")
+    if setting == "float32":
+        return setting
+    has = native_bfloat16(device_type) if native is None else native
+    if setting == "auto":
+        return "bfloat16" if has else "float32"
+    if not has:
+        warnings.warn(f"model.compute_dtype=bfloat16 on a {device_type} without native bfloat16 (no AVX512_BF16 or "
+                      "AMX): bfloat16 is emulated there and the update runs several times slower than in float32; "
+                      "set model.compute_dtype=auto or float32", stacklevel=2)
+    return setting

@@ -44,6 +44,7 @@ from memagent.train.config import TrainConfig, config_to_dict
 from memagent.train.distributed import DistInfo, all_reduce_max, all_reduce_sum, barrier, shard_fsdp, wrap_ddp
 from memagent.train.engine import make_engine
 from memagent.train.metrics import reduce_mini_batch, step_metrics
+from memagent.train.precision import resolve_compute_dtype
 from memagent.train.policy import load_policy, lr_lambda, make_optimizer, seed_everything  # noqa: F401 - re-exported
 from memagent.train.rollout import collect_rollouts
 from memagent.train.update import mini_batch_backward, mini_batch_units
@@ -134,7 +135,8 @@ class Trainer:
     def _wrap_scorers(self) -> None:
         """Log-probabilities at the rollout temperature (of the distribution the tokens were sampled from), in
         ``model.compute_dtype``; sharded under FSDP, wrapped in DDP otherwise."""
-        chunk, temp, dtype = self.cfg.model.logprob_chunk_tokens, self.cfg.agent.rollout.temperature, self.cfg.model.compute_dtype
+        chunk, temp = self.cfg.model.logprob_chunk_tokens, self.cfg.agent.rollout.temperature
+        dtype = resolve_compute_dtype(self.cfg.model.compute_dtype, torch.device(self.dist.device).type)
         self.scorer = TokenLogProbs(self.policy, chunk, temperature=temp, compute_dtype=dtype)
         self.ref_scorer = TokenLogProbs(self.reference, chunk, temperature=temp, compute_dtype=dtype) if self.reference else None
         if self.fsdp:
