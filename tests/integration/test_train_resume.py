@@ -141,3 +141,18 @@ def test_an_edited_template_file_is_refused_on_resume(tmp_path):
         _run(tmp_path / "cut", f"agent.templates={path}")
     path.write_text(original)
     assert _run(tmp_path / "cut", f"agent.templates={path}").step == 2
+
+
+def test_a_resume_that_changes_prompts_per_step_continues_the_data_stream(tmp_path):
+    """Step 1 took questions t-0 and t-1 (2 per step). Resumed at 1 per step, step 2 takes t-2, the next one,
+    not t-1 again (step x prompts_per_step = 1 would), and the checkpoint carries the position on."""
+    _run(tmp_path, "run.stop_after_step=1")
+    changed = ("rl.prompts_per_step=1", "run.resume_changes=[rl.prompts_per_step]")
+    t = Trainer(_cfg(tmp_path, *changed), train_samples=TRAIN, val_samples=VAL, reward_fn=parity_reward)
+    assert (t.step, t.data_position) == (1, 2)
+    samples, first = t.step_samples()
+    assert (first, [s.id for s in samples]) == (2, ["t-2"])
+    t.fit()
+    assert (t.step, t.data_position) == (2, 3)
+    saved = torch.load(tmp_path / "checkpoints" / "step_000002.pt", map_location="cpu", weights_only=False)
+    assert saved["data_position"] == 3

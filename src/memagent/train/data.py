@@ -77,15 +77,18 @@ def val_data(cfg: TrainConfig) -> dict[int, list]:
             for m in d.val_context_multipliers}
 
 
-def step_samples(samples: list, cfg: TrainConfig, step: int, rank: int, world_size: int) -> tuple[list, int]:
-    """This process's questions for ``step`` and the global index of its first one.
+def step_samples(samples: list, cfg: TrainConfig, position: int, rank: int, world_size: int) -> tuple[list, int]:
+    """This process's questions for the step whose first question is the ``position``-th of the data stream,
+    and the global index of its first one.
 
     Questions are taken in data order (reshuffled per epoch when ``data.shuffle``); process ``r`` of ``W``
-    takes the ``r``-th contiguous block of ``prompts_per_step / W``.
+    takes the ``r``-th contiguous block of ``prompts_per_step / W``. ``position`` is ``step x prompts_per_step``
+    unless a resumed run changed ``rl.prompts_per_step``: then it continues from the checkpoint's
+    ``data_position``, so no question is drawn twice in one epoch.
     """
     n, per = len(samples), cfg.rl.prompts_per_step
     local = per // world_size
-    first = step * per + rank * local
+    first = position + rank * local
     out = []
     for g in range(first, first + local):
         epoch, pos = divmod(g, n)

@@ -99,6 +99,7 @@ class Trainer:
             data.check_gold(vs, cfg.data.val_path or f"the x{m} validation set")
         self.reward_fn = reward_fn or (lambda response, answers: score(cfg.rl.reward, response, answers))
         self.step, self.skipped_updates = 0, 0
+        self.data_position = 0  # global index of the next step's first question (see step_samples)
         self.checkpoints = Checkpointer(cfg, self.dist, self.fsdp)
         self.ckpt_dir = self.checkpoints.dir
         self._start_or_resume()
@@ -188,17 +189,18 @@ class Trainer:
         conf = dataclasses.replace(self.cfg.agent.rollout, temperature=temperature, top_p=top_p, seed=seed, strict=True)
         return MemoryAgent(self.backend, conf, self.templates)
 
-    def step_samples(self, step: int) -> tuple[list, int]:
-        """This process's questions for ``step`` and the global index of its first one (see
-        :func:`memagent.train.data.step_samples`)."""
-        return data.step_samples(self.train_samples, self.cfg, step, self.dist.rank, self.dist.world_size)
+    def step_samples(self) -> tuple[list, int]:
+        """This process's questions for the next step and the global index of its first one (see
+        :func:`memagent.train.data.step_samples`), from ``data_position``: ``step x prompts_per_step`` in a run
+        that never changed ``rl.prompts_per_step``, the checkpoint's position carried on in one that did."""
+        return data.step_samples(self.train_samples, self.cfg, self.data_position, self.dist.rank, self.dist.world_size)
 
     # ------------------------------------------------------------------------------------------- step
     def train_step(self) -> dict[str, float]:
         """Run one training step and return its metrics (under torchrun: over all processes)."""
         cfg, rl = self.cfg, self.cfg.rl
         # rollout: G trajectories per question on the current policy, each scored by the reward
-        samples, first = self.step_samples(self.step)
+        samples, first = self.step_samples()
         seed = zlib.crc32(f"{cfg.run.seed}/step{self.step}".encode()) & 0x7FFFFFFF
         ro = collect_rollouts(self.agent(cfg.agent.rollout.temperature, cfg.agent.rollout.top_p, seed), samples,
                               rl.group_size, self.reward_fn)
@@ -235,6 +237,7 @@ class Trainer:
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
             self.scheduler.step()
         self.step += 1
+        self.data_position += rl.prompts_per_step
         return step_metrics(self.step, ro, rewards, groups, row_traj, ent, adv_metrics, sums, norms, lr,
                             time.perf_counter() - t_up, rl.mini_batches, self.skipped_updates)
 
@@ -295,7 +298,7 @@ class Trainer:
         """Write model, optimizer, scheduler, RNG states and data position (see :class:`Checkpointer`)."""
         model_sd, optim_sd = self.full_state()
         path = self.checkpoints.save({
-            "step": self.step, "data_position": self.step * self.cfg.rl.prompts_per_step,
+            "step": self.step, "data_position": self.data_position,
             "skipped_updates": self.skipped_updates, "model": model_sd, "optimizer": optim_sd,
             "scheduler": self.scheduler.state_dict(), "templates_hash": self.templates.hash,
         })
@@ -342,6 +345,7 @@ class Trainer:
         self.sync_rollout_policy()
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = int(state["step"])
+        self.data_position = int(state.get("data_position", self.step * self.cfg.rl.prompts_per_step))
         self.skipped_updates = int(state.get("skipped_updates", 0))
         return True
 
