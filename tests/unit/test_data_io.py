@@ -242,7 +242,7 @@ def test_legacy_encodings_and_terminal_text_are_text_with_a_warning(tmp_path):
     assert warned[0].startswith("odd is not valid UTF-16 (by its byte-order mark) (truncated data at byte 4)")
     warned.clear()
     assert read_document_text(b" \n", "blank", warn=warned.append) == " \n"
-    assert warned == ["the document (blank) is empty: the answer comes from no memory at all"]
+    assert warned == ["the document (blank) is empty or whitespace only: the memory learns nothing from it, the answer rests on the question alone"]
     with pytest.raises(DataError, match="is not a file"):
         read_document_text(tmp_path)
 

@@ -189,7 +189,7 @@ def test_file_source_warns_on_bad_bytes_and_refuses_binary(tmp_path):
     empty.write_bytes(b" \n")
     seen = []
     FileText(empty, warn=seen.append)
-    assert seen == [f"the document ({empty}) is empty: the answer comes from no memory at all"]
+    assert seen == [f"the document ({empty}) is empty or whitespace only: the memory learns nothing from it, the answer rests on the question alone"]
     with pytest.raises(DataError, match="is not a file"):
         FileText(tmp_path / "missing.txt")
 

@@ -236,7 +236,8 @@ def read_document_text(source: str | os.PathLike | bytes, name: str | None = Non
         warn(f"{name} is not valid {label} ({e.reason} at byte {e.start}); undecodable bytes are replaced by U+FFFD")
         text = raw.decode(codec, errors="replace")
     if not text.strip():
-        warn(f"the document ({name}) is empty: the answer comes from no memory at all")
+        warn(f"the document ({name}) is empty or whitespace only: the memory learns nothing from it, the answer "
+             "rests on the question alone")
     return text
 
 

@@ -72,7 +72,8 @@ def _check_head(head: bytes, name: str, allow_binary: bool, warn) -> None:
     """Refuse a binary-looking document (unless ``allow_binary``); warn about an empty one."""
     dec = _Decoder(head, name, allow_binary, lambda m: None)
     if len(head) < _BINARY_PROBE_BYTES and not dec.decode(head, final=True).strip():
-        warn(f"the document ({name}) is empty: the answer comes from no memory at all")
+        warn(f"the document ({name}) is empty or whitespace only: the memory learns nothing from it, the answer "
+             "rests on the question alone")
 
 
 def _decoded(chunks: Iterable[bytes], head: bytes, name: str, allow_binary: bool, warn) -> Iterator[str]:
