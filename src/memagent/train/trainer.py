@@ -44,8 +44,8 @@ from memagent.train.config import TrainConfig, config_to_dict
 from memagent.train.distributed import DistInfo, all_reduce_max, all_reduce_sum, barrier, shard_fsdp, wrap_ddp
 from memagent.train.engine import make_engine
 from memagent.train.metrics import reduce_mini_batch, step_metrics
-from memagent.train.precision import resolve_compute_dtype
 from memagent.train.policy import load_policy, lr_lambda, make_optimizer, seed_everything  # noqa: F401 - re-exported
+from memagent.train.precision import resolve_compute_dtype
 from memagent.train.rollout import collect_rollouts
 from memagent.train.update import mini_batch_backward, mini_batch_units
 
