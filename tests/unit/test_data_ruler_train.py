@@ -86,3 +86,34 @@ def test_min_depth_keeps_every_needle_deep(gguf_tokenizer, data_root):
         build_niah("niah_single_2", 1024, 0, gguf_tokenizer, min_depth=101, data_root=str(data_root))
     with pytest.raises(DataError, match="leaves 1 of RULER's depths for 4 needles"):
         build_niah("niah_multikey_1", 1024, 0, gguf_tokenizer, min_depth=100, data_root=str(data_root))
+
+
+def test_distractors_before_puts_other_keys_needles_first(gguf_tokenizer, data_root):
+    def needle_keys(s):  # keys of the needles in context order
+        return re.findall(r"One of the special magic numbers for (\S+) is: \d+\.", s.context)
+
+    plain = build_training_set(["niah_multikey_1"], [1024], 12, gguf_tokenizer, seed=1, data_root=str(data_root))
+    asked_first = [needle_keys(s).index(s.metadata["evidence"][0]["key"]) == 0 for s in plain]
+    assert any(asked_first)  # RULER's order: the asked key is sometimes the first needle
+    mixed = build_training_set(["niah_single_2", "niah_multikey_1"], [1024], 24, gguf_tokenizer, seed=1,
+                               data_root=str(data_root), distractors_before=2)
+    for s in mixed:
+        keys = needle_keys(s)
+        if s.metadata["task"] == "niah_single_2":  # one key: built as usual
+            assert s.metadata["distractors_before"] == 0 and len(keys) == 1
+            continue
+        asked = s.metadata["evidence"][0]["key"]
+        assert s.metadata["distractors_before"] == 2 and len(keys) == 4 and keys.count(asked) == 1
+        assert keys.index(asked) >= 2, (s.id, keys, asked)
+        assert f"for {asked} is: {s.answers[0]}." in s.context
+    # samples whose asked needle was already deep enough keep every draw of RULER's order
+    again = build_training_set(["niah_multikey_1"], [1024], 12, gguf_tokenizer, seed=1, data_root=str(data_root),
+                               distractors_before=1)
+    for a, b in zip(plain, again):
+        assert (a.context == b.context) == (not needle_keys(a).index(a.metadata["evidence"][0]["key"]) == 0)
+    with pytest.raises(DataError, match="none of .*niah_single_2"):
+        build_training_set(["niah_single_2"], [1024], 1, gguf_tokenizer, distractors_before=1)
+    with pytest.raises(DataError, match="niah_multikey_1 has 4 key"):
+        build_niah("niah_multikey_1", 1024, 0, gguf_tokenizer, distractors_before=4, data_root=str(data_root))
+    with pytest.raises(DataError, match="niah_multivalue has 1 key"):
+        build_niah("niah_multivalue", 1024, 0, gguf_tokenizer, distractors_before=1, data_root=str(data_root))

@@ -99,6 +99,7 @@ def build_niah(
     data_root: str | None = None,
     start_word: int = 0,
     min_depth: int = 0,
+    distractors_before: int = 0,
 ) -> Sample:
     """One NIAH sample whose RULER input fits ``length - 128`` tokens.
 
@@ -117,9 +118,14 @@ def build_niah(
             haystacks draw the depths from RULER's 40 depths at or above it; the others scale their uniform draw
             into ``[min_depth, 100]``. 0 leaves the draws exactly as RULER's. Depth counts sentences, not tokens,
             so short opening sentences can still put a needle early in tokens.
+        distractors_before: at least this many needles of other keys come before the asked key's needle in the
+            context (training data against a policy that keeps the first needle it reads, whatever its key: the
+            asked needle is swapped with a needle drawn from the later places). Only for one asked key with one
+            value among several keys (niah_multikey_1); 0 leaves the draws exactly as RULER's.
 
     Raises:
-        DataError: unknown task, ``min_depth`` outside ``[0, 100]``, or the length is too small for the needles.
+        DataError: unknown task, ``min_depth`` outside ``[0, 100]``, ``distractors_before`` on a task without that
+            many distractor keys, or the length is too small for the needles.
     """
     if task not in NIAH_TASKS:
         raise DataError(f"unknown NIAH task {task!r}")
@@ -135,6 +141,16 @@ def build_niah(
     needles = [text for text, _, _ in placed]
     picked = rng.sample(range(num_keys), cfg.num_queries)
     queries = [keys[i] for i in picked]
+    if distractors_before:
+        if cfg.num_queries != 1 or cfg.num_values != 1 or not 0 < distractors_before < num_keys:
+            raise DataError(f"distractors_before={distractors_before} needs one asked key with one value and at least "
+                            f"that many other keys; {task} has {num_keys} key(s), {cfg.num_queries} asked")
+        # needles are placed in the context in this list's order (insert_at_fractions keeps it)
+        at = next(i for i, (_, k, _) in enumerate(placed) if k == queries[0])
+        if at < distractors_before:
+            to = rng.randrange(distractors_before, len(placed))
+            placed[at], placed[to] = placed[to], placed[at]
+        needles = [text for text, _, _ in placed]
     answers = tuple(v for i in picked for v in values[i])
     pre, qline, ans_prefix, _ = _prompt_text(cfg, queries)
     budget = length - TOKENS_TO_GENERATE["niah"]

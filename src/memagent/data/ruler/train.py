@@ -39,6 +39,7 @@ def build_training_set(
     haystack: str = "gutenberg",
     data_root: str | None = None,
     min_depth: int = 0,
+    distractors_before: int = 0,
 ) -> list[Sample]:
     """``num_samples`` training samples cycling over ``tasks``, each at a length drawn from ``lengths``.
 
@@ -56,6 +57,11 @@ def build_training_set(
             (:func:`memagent.data.ruler.niah.build_niah`): with 35 and documents of 1.5-3K tokens a 512-token first
             chunk held the needle in 7 of 200 samples (about a third at 0), so a value written before the needle
             is read rarely earns the reward. 0: RULER's depths.
+        distractors_before: tasks with distractor keys (niah_multikey_1): at least this many other keys' needles
+            come before the asked one (:func:`memagent.data.ruler.niah.build_niah`), so a policy that keeps the
+            first needle it reads earns nothing; the other tasks of the set are built as usual (their metadata
+            records 0). The step-16 policy kept the first needle in most of its wrong niah_multikey_1 answers
+            (docs/results/ruler_rl/README.md). 0: RULER's order.
 
     Returns:
         Samples with ids ``train-<task>-<length>-<i>``; ``metadata`` also records ``split: train`` and
@@ -73,6 +79,10 @@ def build_training_set(
         raise DataError(f"training tasks {bad}{hint}: the training builder makes {known}")
     if not tasks or not lengths or num_samples < 1:
         raise DataError("build_training_set needs at least one task, one length and num_samples >= 1")
+    if distractors_before and not any(t in NIAH_TASKS and NIAH_TASKS[t].num_keys > NIAH_TASKS[t].num_queries
+                                      for t in tasks):
+        raise DataError(f"distractors_before={distractors_before} applies to tasks with distractor keys "
+                        f"(niah_multikey_1); none of {list(tasks)} has them")
     if min_depth and "vt" in tasks:
         raise DataError("min_depth applies to the niah tasks only: build vt samples in a separate file without it")
     words = len(haystack_text(haystack, data_root).split(" ")) if haystack else 0
@@ -81,13 +91,18 @@ def build_training_set(
         task = tasks[i % len(tasks)]
         rng = sample_rng(seed, f"train/{task}/{i}")
         length = lengths[rng.randrange(len(lengths))]
+        before = 0
         if task in NIAH_TASKS:
-            start = rng.randrange(words) if NIAH_TASKS[task].haystack == "essay" else None
+            cfg = NIAH_TASKS[task]
+            start = rng.randrange(words) if cfg.haystack == "essay" else None
+            before = distractors_before if cfg.num_keys > cfg.num_queries else 0
             s = build_niah(task, length, i, tokenizer, seed=seed, haystack=haystack, data_root=data_root,
-                           start_word=start or 0, min_depth=min_depth)
+                           start_word=start or 0, min_depth=min_depth, distractors_before=before)
         else:
             start = None
             s = build_ruler_sample(task, length, i, tokenizer, seed=seed, data_root=data_root)
         meta = {**s.metadata, "split": "train", "start_word": start, "min_depth": min_depth}
+        if distractors_before:
+            meta["distractors_before"] = before
         out.append(replace(s, id=f"train-{s.id}", metadata=meta))
     return out
