@@ -16,6 +16,7 @@ from memagent.eval.diagnostics import (
     diagnose_agent,
     diagnose_direct,
     distractor_answer,
+    first_distractor_answer,
     early_guess,
     memory_health,
     numbers,
@@ -147,6 +148,15 @@ def test_distractor_answer():
     assert not distractor_answer("In 1998.", ["7654321"], doc)  # a number of the document, not of the gold's kind
     assert distractor_answer("In 1998.", ["2004"], doc)  # ... unless the gold is a year too
     assert distractor_answer("Paris", ["Rome"], doc) is None  # the gold holds no number: not measured
+    # the document's first 7-digit number: the gold itself here, so no answer is a first-distractor answer
+    assert not first_distractor_answer("It is 8041481.", ["7654321"], doc)
+    later = "One of the codes for cat is: 8041481. Then 5550001. The code for owl is 7654321."
+    assert first_distractor_answer("It is 8041481.", ["7654321"], later) is True  # the first needle read
+    assert first_distractor_answer("It is 5550001.", ["7654321"], later) is False  # a distractor, not the first
+    assert first_distractor_answer("It is 8041481 or 7654321.", ["7654321"], later) is True  # names it
+    assert first_distractor_answer("In 1998.", ["7654321"], "In 1998. " + later) is False  # not of the gold's kind
+    assert first_distractor_answer(None, ["7654321"], later) is False
+    assert first_distractor_answer("Paris", ["Rome"], later) is None
     # per row and per cell: agent and direct alike, errors and unknown samples not measured, correct rows False
     ctx = "filler 8041481. The code for owl is 7654321. more filler text here."
     a = ctx.index("The code")
@@ -154,6 +164,9 @@ def test_distractor_answer():
               "metadata": {"evidence": [evidence_item(ctx, a, ctx.index("here"), "needle", answer="7654321", key="owl")]}}
     wrong, right = _row(answer="8041481"), _row(1.0, answer="7654321")
     assert diagnose_agent(wrong, sample, None).distractor_answer is True  # needs no trace
+    assert diagnose_agent(wrong, sample, None).first_distractor_answer is True  # 8041481 comes first in ctx
+    assert diagnose_agent(right, sample, None).first_distractor_answer is False
+    assert diagnose_agent(_row(status="error"), sample, None).first_distractor_answer is None
     assert diagnose_direct(wrong, sample, [(0, len(ctx))]).distractor_answer is True
     assert diagnose_agent(right, sample, None).distractor_answer is False
     assert diagnose_agent(_row(answer="11"), sample, None).distractor_answer is False
@@ -164,6 +177,7 @@ def test_distractor_answer():
                                                      (_row(status="error"), sample), (wrong, None))]
     (c,) = summarize_diagnostics(ds)
     assert c.distractor_answer_pct == pytest.approx(100.0 / 3) and c.metrics()["distractor_answer_pct"] == c.distractor_answer_pct
+    assert c.first_distractor_pct == pytest.approx(100.0 / 3) and c.metrics()["first_distractor_pct"] == c.first_distractor_pct
 
 
 def test_truncated_evidence_is_not_read_and_traces_without_context_chars():
@@ -304,6 +318,7 @@ def test_run_folder_report_and_missing_traces(tmp_path):
     assert (m["read_pct"], m["captured_pct"], m["retained_pct"], m["n_tracked"]) == ("100.0", "75.0", "50.0", "4")
     assert (m["early_guess_pct"], d["early_guess_pct"]) == ("0.0", "")  # the toy's wrong answers name no number
     assert (m["distractor_answer_pct"], d["distractor_answer_pct"]) == ("0.0", "0.0")  # nor a number of the document
+    assert (m["first_distractor_pct"], d["first_distractor_pct"]) == ("0.0", "0.0")
     assert (t["n_not_read"], t["read_pct"], t["n_tracked"]) == ("2", "50.0", "2")  # the middle needles were cut away
     assert (d["n_correct"], d["n_in_view_wrong"], d["n_not_read"], d["read_pct"]) == ("1", "1", "2", "50.0")
     assert d["captured_pct"] == "" and d["cap_hit_pct"] == ""  # no memory: not measured, not zero

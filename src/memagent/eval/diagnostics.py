@@ -27,6 +27,8 @@ Definitions (docs/diagnostics.md has the full text):
 - **Distractor answer**: a wrong answer that names a number of the document, other than a gold answer, with
   as many digits as the gold's: on RULER's numeric needles, another key's value (:func:`distractor_answer`).
   Agent and direct rows alike; not measured where the gold holds no number.
+- **First-distractor answer**: a distractor answer naming the document's first number of the gold's kind: the
+  first needle read was another key's, and the answer kept it (:func:`first_distractor_answer`).
 - **Memory health** per update turn: completion tokens, cap hit (``finish_reason == "length"``), repeated
   word 4-gram share (:func:`repeated_ngram_share`), empty memory, memory unchanged from the previous update.
 """
@@ -38,11 +40,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memagent.errors import DataError
-from memagent.eval.memory_text import contains, distractor_answer, early_guess, numbers, repeated_ngram_share
+from memagent.eval.memory_text import (contains, distractor_answer, early_guess, first_distractor_answer, numbers,
+                                       repeated_ngram_share)
 from memagent.verifiers import normalize_answer
 
 __all__ = ["OUTCOMES", "CellDiagnostics", "MemoryHealth", "SampleDiagnosis", "Target", "TargetStatus", "contains",
-           "diagnose_agent", "diagnose_direct", "distractor_answer", "early_guess", "memory_health", "numbers", "read_evidence",
+           "diagnose_agent", "diagnose_direct", "distractor_answer", "early_guess", "first_distractor_answer", "memory_health", "numbers", "read_evidence",
            "repeated_ngram_share", "summarize_diagnostics", "targets_of"]
 
 #: Outcome classes, in the order reports list them.
@@ -222,6 +225,8 @@ class SampleDiagnosis:
         distractor_answer: a wrong answer naming a number of the document, not a gold answer, with a gold
             number's digit count (:func:`distractor_answer`; ``False`` for correct rows; ``None`` for errors,
             without the sample, or when the gold answer holds no number).
+        first_distractor_answer: a distractor answer naming the document's first number of the gold's kind
+            (:func:`first_distractor_answer`; ``None`` where ``distractor_answer`` is).
         lost_at: chunk index of the update that dropped a captured target for good (``captured_then_lost``).
         health: memory health of the update turns (``None`` without a trace).
     """
@@ -240,6 +245,7 @@ class SampleDiagnosis:
     retained: bool | None = None
     early_guess: bool | None = None
     distractor_answer: bool | None = None
+    first_distractor_answer: bool | None = None
     lost_at: int | None = None
     health: MemoryHealth | None = None
 
@@ -265,8 +271,11 @@ def _flag_distractor(d: SampleDiagnosis, row: Mapping[str, Any], sample: Mapping
     if sample is None or row.get("status") != "ok":
         return
     golds = [str(a) for a in sample.get("answers") or ()]
-    flag = distractor_answer(row.get("answer"), golds, str(sample.get("context") or ""))
+    doc = str(sample.get("context") or "")
+    flag = distractor_answer(row.get("answer"), golds, doc)
     d.distractor_answer = None if flag is None else flag and not _is_correct(row)
+    first = first_distractor_answer(row.get("answer"), golds, doc)
+    d.first_distractor_answer = None if first is None else first and not _is_correct(row)
 
 
 def _targets_or_note(d: SampleDiagnosis, sample: Mapping[str, Any] | None) -> list[Target]:
@@ -421,7 +430,9 @@ class CellDiagnostics:
         n_tracked: memory-agent samples (errors left out) whose evidence was read and traced; ``captured_pct``,
             ``retained_pct`` and ``early_guess_pct`` (wrong answers repeating a number the memory held before the
             evidence, :func:`early_guess`) are over these; ``distractor_answer_pct`` (wrong answers naming another
-            number of the document, :func:`distractor_answer`) is over the non-error samples whose data is known.
+            number of the document, :func:`distractor_answer`) and ``first_distractor_pct`` (those naming the
+            document's first such number, :func:`first_distractor_answer`) are over the non-error samples whose
+            data is known.
         n_updates: update turns with a trace (errors left out); the memory-health numbers are over these
             (``repeat_4gram_pct`` over those of at least 4 words, ``unchanged_memory_pct`` over all but each
             sample's first).
@@ -439,6 +450,7 @@ class CellDiagnostics:
     retained_pct: float | None
     early_guess_pct: float | None
     distractor_answer_pct: float | None
+    first_distractor_pct: float | None
     n_updates: int
     memory_tokens_mean: float | None
     cap_hit_pct: float | None
@@ -449,7 +461,7 @@ class CellDiagnostics:
     def metrics(self) -> dict[str, float]:
         """The measured numbers by name (what a training log records); unmeasured ones are left out."""
         keys = ("read_pct", "captured_pct", "retained_pct", "early_guess_pct", "distractor_answer_pct",
-                "memory_tokens_mean", "cap_hit_pct",
+                "first_distractor_pct", "memory_tokens_mean", "cap_hit_pct",
                 "repeat_4gram_pct", "empty_memory_pct", "unchanged_memory_pct")
         out = {k: float(getattr(self, k)) for k in keys if getattr(self, k) is not None}
         out.update({f"{k}_pct": 100.0 * v / self.n for k, v in self.outcomes.items()} if self.n else {})
@@ -476,6 +488,7 @@ def summarize_diagnostics(diagnoses: Sequence[SampleDiagnosis]) -> list[CellDiag
             retained_pct=_pct([bool(d.retained) for d in tracked]),
             early_guess_pct=_pct([bool(d.early_guess) for d in tracked]),
             distractor_answer_pct=_pct([d.distractor_answer for d in ok if d.distractor_answer is not None]),
+            first_distractor_pct=_pct([d.first_distractor_answer for d in ok if d.first_distractor_answer is not None]),
             n_updates=len(tokens), memory_tokens_mean=_mean(tokens),
             cap_hit_pct=_pct([x for h in hs for x in h.cap_hits]),
             repeat_4gram_pct=None if (r := _mean([x for h in hs for x in h.repetition])) is None else 100.0 * r,

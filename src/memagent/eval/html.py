@@ -34,6 +34,7 @@ OUTCOME_LABELS = {
 DIAG_COLUMNS = (
     ("read %", "read_pct", "pct"), ("captured %", "captured_pct", "pct"), ("retained %", "retained_pct", "pct"),
     ("early guess %", "early_guess_pct", "pct"), ("distractor answer %", "distractor_answer_pct", "pct"),
+    ("first distractor %", "first_distractor_pct", "pct"),
     *((OUTCOME_LABELS[k], k, "count") for k in OUTCOMES),
     ("memory tokens", "memory_tokens_mean", "num"), ("cap hit %", "cap_hit_pct", "pct"),
     ("4-gram repeat %", "repeat_4gram_pct", "pct"), ("empty %", "empty_memory_pct", "pct"),
@@ -110,6 +111,7 @@ def sample_record(run: str, row: Mapping[str, Any], d: SampleDiagnosis, turns: S
         "outcome": d.outcome, "note": d.note, "score": d.score, "lost_at": d.lost_at,
         "early_guess": d.early_guess,
         "distractor_answer": d.distractor_answer,
+        "first_distractor_answer": d.first_distractor_answer,
         "question": row.get("question", ""), "gold": list(row.get("answers") or []), "answer": row.get("answer", ""),
         "response": row.get("response", ""), "error": row.get("error"),
         "targets": [t.to_dict() for t in d.targets],
@@ -172,7 +174,8 @@ def render_page(title: str, provenance: Sequence[str], png: bytes | None,
 after the evidence chunk holds the answer; retained: the final memory holds it (both over the memory-agent samples
 whose evidence was read and traced). early guess: the wrong answer repeats a number the memory already held
 before the evidence chunk. distractor answer: the wrong answer names another number of the document (on RULER's
-needle tasks, another key's value). Outcome columns count samples. Memory health is per update. n/a: not
+needle tasks, another key's value); first distractor: it names the document's first such number (the first needle
+read was another key's, and the answer kept it). Outcome columns count samples. Memory health is per update. n/a: not
 measured (no trace, no evidence positions, or the answer is not stated literally). A count lists its samples
 below. Definitions: docs/diagnostics.md.</p>
 {_diag_table(cells)}
@@ -265,7 +268,8 @@ function drawView(i){
   v.className = 'open';
   const flags = (s.outcome === 'captured_then_lost' && s.lost_at != null ? ` (dropped at update ${s.lost_at})` : '')
     + (s.early_guess ? ' (early guess: the answer repeats a number held before the evidence)' : '')
-    + (s.distractor_answer ? ' (distractor answer: another number of the document)' : '');
+    + (s.first_distractor_answer ? ' (first distractor: the first number of its kind in the document)'
+       : s.distractor_answer ? ' (distractor answer: another number of the document)' : '');
   v.innerHTML = `<div id="sample-detail" data-sample-id="${esc(s.sample_id)}" data-outcome="${esc(s.outcome)}">
   <a class="close" href="#">× close</a><h3>${badge(s.outcome)}${esc(s.method)} · ${esc(s.task)} ${esc(s.length)} · ${esc(s.sample_id)}${flags}</h3>
   ${s.note ? `<p class="help">${esc(s.note)}</p>` : ''}

@@ -41,6 +41,11 @@ def repeated_ngram_share(text: str, n: int = 4) -> float | None:
     return 1 - len(set(grams)) / len(grams) if grams else None
 
 
+def numbers_in_order(text: str | None) -> list[str]:
+    """The numbers of :func:`numbers`, in reading order, repeats included."""
+    return _NUMBER.findall(text or "")
+
+
 def numbers(text: str | None) -> set[str]:
     """The numbers written in a text: maximal digit runs not touching a letter, digit or ``_`` (a decimal point
     between digits joins them). ``numbers("is 1, then 5915962. v2 3.5") == {"1", "5915962", "3.5"}``."""
@@ -86,3 +91,24 @@ def distractor_answer(answer: str | None, golds: Sequence[str], document: str) -
         return None
     other = (numbers(answer) - gold) & numbers(document)
     return any(sum(c.isdigit() for c in n) in digits for n in other)
+
+
+def first_distractor_answer(answer: str | None, golds: Sequence[str], document: str) -> bool | None:
+    """Whether a wrong answer names the document's first number of the gold answer's kind, and that number is
+    not a gold answer: the first needle read was another key's, and the answer kept it.
+
+    The kind is :func:`distractor_answer`'s (as many digits as a gold number); "first" is in reading order of
+    the whole document. On niah_multikey_1 it tells a policy that writes the first needle it meets, whatever its
+    key, from one that confuses keys anywhere: a first-needle answer is always a distractor answer, not the
+    reverse. ``first_distractor_answer("8041481", ["5248280"], "x is: 8041481. y is: 5248280.") is True``.
+
+    Returns:
+        ``None`` when no gold answer holds a number (not measured); ``False`` when the document's first such
+        number is a gold answer or the answer does not name it.
+    """
+    gold = numbers(" ".join(golds))
+    digits = {sum(c.isdigit() for c in n) for n in gold}
+    if not digits:
+        return None
+    first = next((n for n in numbers_in_order(document) if sum(c.isdigit() for c in n) in digits), None)
+    return first is not None and first not in gold and first in numbers(answer)
