@@ -89,18 +89,9 @@ def _prompt_text(cfg: NiahConfig, queries: list[str]) -> tuple[str, str, str, st
     return pre, q, ans, vtype
 
 
-def build_niah(
-    task: str,
-    length: int,
-    index: int,
-    tokenizer: Tokenizer,
-    seed: int = 42,
-    haystack: str | None = None,
-    data_root: str | None = None,
-    start_word: int = 0,
-    min_depth: int = 0,
-    distractors_before: int = 0,
-) -> Sample:
+def build_niah(task: str, length: int, index: int, tokenizer: Tokenizer, seed: int = 42, haystack: str | None = None,
+               data_root: str | None = None, start_word: int = 0, min_depth: int = 0,
+               distractors_before: int = 0) -> Sample:
     """One NIAH sample whose RULER input fits ``length - 128`` tokens.
 
     Args:
@@ -111,21 +102,17 @@ def build_niah(
         seed: base seed.
         haystack: replace an ``essay`` haystack by ``gutenberg`` (prose tasks only).
         data_root: explicit data root for the essays.
-        start_word: prose haystacks: begin at this word of the text instead of its first (training data draws it
-            at random, :mod:`memagent.data.ruler.train`; evaluation keeps RULER's 0); wraps around the text.
-        min_depth: put every needle at least this deep, in percent of the context's sentences (prose) or lines
-            (training data whose needle is rarely in the first chunk; evaluation keeps RULER's 0). Prose
-            haystacks draw the depths from RULER's 40 depths at or above it; the others scale their uniform draw
-            into ``[min_depth, 100]``. 0 leaves the draws exactly as RULER's. Depth counts sentences, not tokens,
-            so short opening sentences can still put a needle early in tokens.
-        distractors_before: at least this many needles of other keys come before the asked key's needle in the
-            context (training data against a policy that keeps the first needle it reads, whatever its key: the
-            asked needle is swapped with a needle drawn from the later places). Only for one asked key with one
-            value among several keys (niah_multikey_1); 0 leaves the draws exactly as RULER's.
+        start_word: prose haystacks: begin at this word of the text (wrapping around) instead of its first
+            (training data draws it, :mod:`memagent.data.ruler.train`; evaluation keeps RULER's 0).
+        min_depth: every needle at least this deep, in percent of the context's sentences (prose: from RULER's
+            40 depths at or above it) or lines (the uniform draw scaled into ``[min_depth, 100]``); depth counts
+            sentences, not tokens. Training data only; 0 leaves the draws exactly as RULER's.
+        distractors_before: training data (niah_multikey_1): at least this many other keys' needles come before
+            the asked one (:func:`_asked_after`); 0 leaves the draws exactly as RULER's.
 
     Raises:
-        DataError: unknown task, ``min_depth`` outside ``[0, 100]``, ``distractors_before`` on a task without that
-            many distractor keys, or the length is too small for the needles.
+        DataError: unknown task, ``min_depth`` outside ``[0, 100]``, ``distractors_before`` too large for the
+            task's keys, or the length is too small for the needles.
     """
     if task not in NIAH_TASKS:
         raise DataError(f"unknown NIAH task {task!r}")
@@ -141,16 +128,8 @@ def build_niah(
     needles = [text for text, _, _ in placed]
     picked = rng.sample(range(num_keys), cfg.num_queries)
     queries = [keys[i] for i in picked]
-    if distractors_before:
-        if cfg.num_queries != 1 or cfg.num_values != 1 or not 0 < distractors_before < num_keys:
-            raise DataError(f"distractors_before={distractors_before} needs one asked key with one value and at least "
-                            f"that many other keys; {task} has {num_keys} key(s), {cfg.num_queries} asked")
-        # needles are placed in the context in this list's order (insert_at_fractions keeps it)
-        at = next(i for i, (_, k, _) in enumerate(placed) if k == queries[0])
-        if at < distractors_before:
-            to = rng.randrange(distractors_before, len(placed))
-            placed[at], placed[to] = placed[to], placed[at]
-        needles = [text for text, _, _ in placed]
+    if distractors_before:  # against a policy that keeps the first needle it reads, whatever its key
+        needles = [text for text, _, _ in _asked_after(placed, queries, distractors_before, task, cfg, rng)]
     answers = tuple(v for i in picked for v in values[i])
     pre, qline, ans_prefix, _ = _prompt_text(cfg, queries)
     budget = length - TOKENS_TO_GENERATE["niah"]
@@ -184,6 +163,24 @@ def build_niah(
     prompt = RulerPrompt(f"{pre}\n{qline}", pre + "\n", ctx, "\n" + qline, answers, ans_prefix)
     return to_sample(task, length, index, prompt, fitted.tokens, tokenizer, seed, "niah", haystack=kind, haystack_units=fitted.n,
                      evidence=_needle_evidence(ctx, placed, spans, set(queries)))
+
+
+def _asked_after(placed: list, queries: list[str], before: int, task: str, cfg: NiahConfig, rng) -> list:
+    """Move the asked key's needle behind at least ``before`` other needles of ``placed`` (in place, returned; needles
+    enter the context in this list's order, :func:`insert_at_fractions` keeps it), swapping it with a needle drawn
+    from the later places; no draw when it already is.
+
+    Raises:
+        DataError: not one asked key with one value, or fewer than ``before`` other keys."""
+    num_keys = max(cfg.num_keys, cfg.num_queries)
+    if cfg.num_queries != 1 or cfg.num_values != 1 or not 0 < before < num_keys:
+        raise DataError(f"distractors_before={before} needs one asked key with one value and at least "
+                        f"that many other keys; {task} has {num_keys} key(s), {cfg.num_queries} asked")
+    at = next(i for i, (_, k, _) in enumerate(placed) if k == queries[0])
+    if at < before:
+        to = rng.randrange(before, len(placed))
+        placed[at], placed[to] = placed[to], placed[at]
+    return placed
 
 
 def _depths(rng, n: int, min_depth: int) -> list[int]:
