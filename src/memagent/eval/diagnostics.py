@@ -45,7 +45,8 @@ from memagent.eval.memory_text import (contains, distractor_answer, early_guess,
 from memagent.verifiers import normalize_answer
 
 __all__ = ["OUTCOMES", "CellDiagnostics", "MemoryHealth", "SampleDiagnosis", "Target", "TargetStatus", "contains",
-           "diagnose_agent", "diagnose_direct", "distractor_answer", "early_guess", "first_distractor_answer", "memory_health", "numbers", "read_evidence",
+           "diagnose_agent", "diagnose_direct", "distractor_answer", "early_guess", "first_distractor_answer",
+           "memory_health", "numbers", "read_evidence",
            "repeated_ngram_share", "summarize_diagnostics", "targets_of"]
 
 #: Outcome classes, in the order reports list them.
