@@ -110,7 +110,7 @@ def test_distractors_before_puts_other_keys_needles_first(gguf_tokenizer, data_r
     again = build_training_set(["niah_multikey_1"], [1024], 12, gguf_tokenizer, seed=1, data_root=str(data_root),
                                distractors_before=1)
     for a, b in zip(plain, again):
-        assert (a.context == b.context) == (not needle_keys(a).index(a.metadata["evidence"][0]["key"]) == 0)
+        assert (a.context == b.context) == (needle_keys(a).index(a.metadata["evidence"][0]["key"]) != 0)
     with pytest.raises(DataError, match="none of .*niah_single_2"):
         build_training_set(["niah_single_2"], [1024], 1, gguf_tokenizer, distractors_before=1)
     with pytest.raises(DataError, match="niah_multikey_1 has 4 key"):

@@ -70,6 +70,16 @@ def early_guess(answer: str | None, golds: Sequence[str], memories_before: Seque
     return bool(numbers(answer) & early)
 
 
+def _digits(number: str) -> int:
+    return sum(c.isdigit() for c in number)
+
+
+def _gold_kind(golds: Sequence[str]) -> tuple[set[str], set[int]]:
+    """The gold answers' numbers and their digit counts (a number "of the gold's kind" has one of these)."""
+    gold = numbers(" ".join(golds))
+    return gold, {_digits(n) for n in gold}
+
+
 def distractor_answer(answer: str | None, golds: Sequence[str], document: str) -> bool | None:
     """Whether a wrong answer names another number of the document of the gold answer's kind.
 
@@ -85,12 +95,11 @@ def distractor_answer(answer: str | None, golds: Sequence[str], document: str) -
         golds: the gold answers (and target values); their numbers never count.
         document: the sample's whole context (characters), whatever part of it the method read.
     """
-    gold = numbers(" ".join(golds))
-    digits = {sum(c.isdigit() for c in n) for n in gold}
+    gold, digits = _gold_kind(golds)
     if not digits:
         return None
     other = (numbers(answer) - gold) & numbers(document)
-    return any(sum(c.isdigit() for c in n) in digits for n in other)
+    return any(_digits(n) in digits for n in other)
 
 
 def first_distractor_answer(answer: str | None, golds: Sequence[str], document: str) -> bool | None:
@@ -106,9 +115,8 @@ def first_distractor_answer(answer: str | None, golds: Sequence[str], document: 
         ``None`` when no gold answer holds a number (not measured); ``False`` when the document's first such
         number is a gold answer or the answer does not name it.
     """
-    gold = numbers(" ".join(golds))
-    digits = {sum(c.isdigit() for c in n) for n in gold}
+    gold, digits = _gold_kind(golds)
     if not digits:
         return None
-    first = next((n for n in numbers_in_order(document) if sum(c.isdigit() for c in n) in digits), None)
+    first = next((n for n in numbers_in_order(document) if _digits(n) in digits), None)
     return first is not None and first not in gold and first in numbers(answer)
