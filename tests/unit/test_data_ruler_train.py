@@ -117,3 +117,26 @@ def test_distractors_before_puts_other_keys_needles_first(gguf_tokenizer, data_r
         build_niah("niah_multikey_1", 1024, 0, gguf_tokenizer, distractors_before=4, data_root=str(data_root))
     with pytest.raises(DataError, match="niah_multivalue has 1 key"):
         build_niah("niah_multivalue", 1024, 0, gguf_tokenizer, distractors_before=1, data_root=str(data_root))
+
+
+def test_distractors_after_keeps_other_keys_needles_behind_the_asked_one(gguf_tokenizer, data_root):
+    def asked_place(s):  # (index of the asked key's needle, number of needles), in context order
+        keys = re.findall(r"One of the special magic numbers for (\S+) is: \d+\.", s.context)
+        return keys.index(s.metadata["evidence"][0]["key"]), len(keys)
+
+    before = build_training_set(["niah_multikey_1"], [1024], 16, gguf_tokenizer, seed=3, data_root=str(data_root),
+                                distractors_before=1)
+    both = build_training_set(["niah_multikey_1"], [1024], 16, gguf_tokenizer, seed=3, data_root=str(data_root),
+                              distractors_before=1, distractors_after=1)
+    places = [asked_place(s) for s in both]
+    assert all(n == 4 and 1 <= at <= 2 for at, n in places), places  # never first, never last of the 4 needles
+    assert {at for at, _ in places} == {1, 2}
+    assert all(s.metadata["distractors_after"] == 1 and f"is: {s.answers[0]}." in s.context for s in both)
+    # samples whose asked needle was already in the middle keep every draw of --distractors-before 1 alone
+    for a, b in zip(before, both):
+        assert (a.context == b.context) == (asked_place(a)[0] < 3)
+    with pytest.raises(DataError, match="more keys than their sum; niah_multikey_1 has 4 key"):
+        build_niah("niah_multikey_1", 1024, 0, gguf_tokenizer, distractors_before=2, distractors_after=2,
+                   data_root=str(data_root))
+    with pytest.raises(DataError, match="distractors_after=1 apply to tasks with distractor keys"):
+        build_training_set(["niah_single_2"], [1024], 1, gguf_tokenizer, distractors_after=1)

@@ -115,6 +115,7 @@ def ruler_train_command(
     haystack: str = typer.Option("gutenberg", "--haystack", help="prose haystack: gutenberg (not the evaluation's essays) or essay"),
     min_depth: int = typer.Option(0, "--min-depth", help="niah tasks: every needle at least this deep, in percent of the context (0: RULER's depths)"),
     distractors_before: int = typer.Option(0, "--distractors-before", help="niah_multikey_1: at least this many other keys' needles before the asked one (0: RULER's order)"),
+    distractors_after: int = typer.Option(0, "--distractors-after", help="niah_multikey_1: at least this many other keys' needles after the asked one (0: RULER's order)"),
     tokenizer: str = TOKENIZER,
     data_root: Optional[Path] = DATA_ROOT,
 ):
@@ -133,13 +134,13 @@ def ruler_train_command(
         tok = load_tokenizer(tokenizer)
         built = build_training_set(names, length_list, samples, tok, seed=seed, haystack=haystack,
                                    data_root=None if data_root is None else str(data_root), min_depth=min_depth,
-                                   distractors_before=distractors_before)
+                                   distractors_before=distractors_before, distractors_after=distractors_after)
         out.parent.mkdir(parents=True, exist_ok=True)
         write_samples(out, built)
         write_manifest(out.with_suffix(".manifest.json"), {
             "builder": "memagent data ruler-train", "tasks": names, "lengths_tokens": length_list,
             "num_samples": len(built), "seed": seed, "haystack": haystack, "min_depth": min_depth,
-            "distractors_before": distractors_before, "tokenizer": tok.name,
+            "distractors_before": distractors_before, "distractors_after": distractors_after, "tokenizer": tok.name,
             "input_tokens": token_stats([s.metadata["length_tokens"] for s in built]),
         })
     except MemagentError as e:

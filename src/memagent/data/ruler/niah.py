@@ -91,7 +91,7 @@ def _prompt_text(cfg: NiahConfig, queries: list[str]) -> tuple[str, str, str, st
 
 def build_niah(task: str, length: int, index: int, tokenizer: Tokenizer, seed: int = 42, haystack: str | None = None,
                data_root: str | None = None, start_word: int = 0, min_depth: int = 0,
-               distractors_before: int = 0) -> Sample:
+               distractors_before: int = 0, distractors_after: int = 0) -> Sample:
     """One NIAH sample whose RULER input fits ``length - 128`` tokens.
 
     Args:
@@ -108,11 +108,14 @@ def build_niah(task: str, length: int, index: int, tokenizer: Tokenizer, seed: i
             40 depths at or above it) or lines (the uniform draw scaled into ``[min_depth, 100]``); depth counts
             sentences, not tokens. Training data only; 0 leaves the draws exactly as RULER's.
         distractors_before: training data (niah_multikey_1): at least this many other keys' needles come before
-            the asked one (:func:`_asked_after`); 0 leaves the draws exactly as RULER's.
+            the asked one (:func:`_asked_between`); 0 (with ``distractors_after`` 0) leaves the draws exactly as
+            RULER's.
+        distractors_after: training data (niah_multikey_1): at least this many other keys' needles come after
+            the asked one, so a memory that keeps the last needle it reads loses it.
 
     Raises:
-        DataError: unknown task, ``min_depth`` outside ``[0, 100]``, ``distractors_before`` too large for the
-            task's keys, or the length is too small for the needles.
+        DataError: unknown task, ``min_depth`` outside ``[0, 100]``, ``distractors_before`` plus
+            ``distractors_after`` not below the task's number of keys, or the length is too small for the needles.
     """
     if task not in NIAH_TASKS:
         raise DataError(f"unknown NIAH task {task!r}")
@@ -128,8 +131,9 @@ def build_niah(task: str, length: int, index: int, tokenizer: Tokenizer, seed: i
     needles = [text for text, _, _ in placed]
     picked = rng.sample(range(num_keys), cfg.num_queries)
     queries = [keys[i] for i in picked]
-    if distractors_before:  # against a policy that keeps the first needle it reads, whatever its key
-        needles = [text for text, _, _ in _asked_after(placed, queries, distractors_before, task, cfg, rng)]
+    if distractors_before or distractors_after:  # against a policy that keeps the first (last) needle it reads
+        placed = _asked_between(placed, queries, distractors_before, distractors_after, task, cfg, rng)
+        needles = [text for text, _, _ in placed]
     answers = tuple(v for i in picked for v in values[i])
     pre, qline, ans_prefix, _ = _prompt_text(cfg, queries)
     budget = length - TOKENS_TO_GENERATE["niah"]
@@ -165,20 +169,23 @@ def build_niah(task: str, length: int, index: int, tokenizer: Tokenizer, seed: i
                      evidence=_needle_evidence(ctx, placed, spans, set(queries)))
 
 
-def _asked_after(placed: list, queries: list[str], before: int, task: str, cfg: NiahConfig, rng) -> list:
-    """Move the asked key's needle behind at least ``before`` other needles of ``placed`` (in place, returned; needles
-    enter the context in this list's order, :func:`insert_at_fractions` keeps it), swapping it with a needle drawn
-    from the later places; no draw when it already is.
+def _asked_between(placed: list, queries: list[str], before: int, after: int, task: str, cfg: NiahConfig,
+                   rng) -> list:
+    """Put the asked key's needle behind at least ``before`` and ahead of at least ``after`` other needles of
+    ``placed`` (in place, returned; needles enter the context in this list's order, :func:`insert_at_fractions`
+    keeps it), swapping it with a needle drawn from the allowed places; no draw when it already is in one (with
+    ``after`` 0 the draws are those of ``before`` alone).
 
     Raises:
-        DataError: not one asked key with one value, or fewer than ``before`` other keys."""
+        DataError: not one asked key with one value, a negative count, or ``before + after`` other keys missing."""
     num_keys = max(cfg.num_keys, cfg.num_queries)
-    if cfg.num_queries != 1 or cfg.num_values != 1 or not 0 < before < num_keys:
-        raise DataError(f"distractors_before={before} needs one asked key with one value and at least "
-                        f"that many other keys; {task} has {num_keys} key(s), {cfg.num_queries} asked")
+    if cfg.num_queries != 1 or cfg.num_values != 1 or min(before, after) < 0 or not 0 < before + after < num_keys:
+        raise DataError(f"distractors_before={before} and distractors_after={after} need one asked key with one value "
+                        f"and more keys than their sum; {task} has {num_keys} key(s), {cfg.num_queries} asked")
     at = next(i for i, (_, k, _) in enumerate(placed) if k == queries[0])
-    if at < before:
-        to = rng.randrange(before, len(placed))
+    end = len(placed) - after
+    if not before <= at < end:
+        to = rng.randrange(before, end)
         placed[at], placed[to] = placed[to], placed[at]
     return placed
 

@@ -40,6 +40,7 @@ def build_training_set(
     data_root: str | None = None,
     min_depth: int = 0,
     distractors_before: int = 0,
+    distractors_after: int = 0,
 ) -> list[Sample]:
     """``num_samples`` training samples cycling over ``tasks``, each at a length drawn from ``lengths``.
 
@@ -62,6 +63,8 @@ def build_training_set(
             first needle it reads earns nothing; the other tasks of the set are built as usual (their metadata
             records 0). The step-16 policy kept the first needle in most of its wrong niah_multikey_1 answers
             (docs/results/ruler_rl/README.md). 0: RULER's order.
+        distractors_after: the same, other keys' needles after the asked one, so a policy that lets each new
+            needle overwrite the memory earns nothing (the step-22 policy lost a captured value that way).
 
     Returns:
         Samples with ids ``train-<task>-<length>-<i>``; ``metadata`` also records ``split: train`` and
@@ -71,6 +74,40 @@ def build_training_set(
         DataError: an unsupported task, no lengths, ``min_depth`` with vt (its chain has no depth setting), or a
             sample that cannot be built.
     """
+    _check_request(tasks, lengths, num_samples, min_depth, distractors_before, distractors_after)
+    words = len(haystack_text(haystack, data_root).split(" ")) if haystack else 0
+    out = []
+    for i in range(num_samples):
+        task = tasks[i % len(tasks)]
+        rng = sample_rng(seed, f"train/{task}/{i}")
+        length = lengths[rng.randrange(len(lengths))]
+        before = after = 0
+        if task in NIAH_TASKS:
+            cfg = NIAH_TASKS[task]
+            start = rng.randrange(words) if cfg.haystack == "essay" else None
+            if cfg.num_keys > cfg.num_queries:
+                before, after = distractors_before, distractors_after
+            s = build_niah(task, length, i, tokenizer, seed=seed, haystack=haystack, data_root=data_root,
+                           start_word=start or 0, min_depth=min_depth, distractors_before=before,
+                           distractors_after=after)
+        else:
+            start = None
+            s = build_ruler_sample(task, length, i, tokenizer, seed=seed, data_root=data_root)
+        meta = {**s.metadata, "split": "train", "start_word": start, "min_depth": min_depth}
+        if distractors_before:
+            meta["distractors_before"] = before
+        if distractors_after:
+            meta["distractors_after"] = after
+        out.append(replace(s, id=f"train-{s.id}", metadata=meta))
+    return out
+
+
+def _check_request(tasks: Sequence[str], lengths: Sequence[int], num_samples: int, min_depth: int,
+                   distractors_before: int, distractors_after: int) -> None:
+    """The checks of :func:`build_training_set`'s arguments, before anything is built.
+
+    Raises:
+        DataError: as listed there."""
     allowed = tuple(NIAH_TASKS) + ("vt",)
     bad = [t for t in tasks if t not in allowed]
     if bad:
@@ -79,30 +116,9 @@ def build_training_set(
         raise DataError(f"training tasks {bad}{hint}: the training builder makes {known}")
     if not tasks or not lengths or num_samples < 1:
         raise DataError("build_training_set needs at least one task, one length and num_samples >= 1")
-    if distractors_before and not any(t in NIAH_TASKS and NIAH_TASKS[t].num_keys > NIAH_TASKS[t].num_queries
-                                      for t in tasks):
-        raise DataError(f"distractors_before={distractors_before} applies to tasks with distractor keys "
-                        f"(niah_multikey_1); none of {list(tasks)} has them")
+    order = distractors_before or distractors_after
+    if order and not any(t in NIAH_TASKS and NIAH_TASKS[t].num_keys > NIAH_TASKS[t].num_queries for t in tasks):
+        raise DataError(f"distractors_before={distractors_before}, distractors_after={distractors_after} apply to "
+                        f"tasks with distractor keys (niah_multikey_1); none of {list(tasks)} has them")
     if min_depth and "vt" in tasks:
         raise DataError("min_depth applies to the niah tasks only: build vt samples in a separate file without it")
-    words = len(haystack_text(haystack, data_root).split(" ")) if haystack else 0
-    out = []
-    for i in range(num_samples):
-        task = tasks[i % len(tasks)]
-        rng = sample_rng(seed, f"train/{task}/{i}")
-        length = lengths[rng.randrange(len(lengths))]
-        before = 0
-        if task in NIAH_TASKS:
-            cfg = NIAH_TASKS[task]
-            start = rng.randrange(words) if cfg.haystack == "essay" else None
-            before = distractors_before if cfg.num_keys > cfg.num_queries else 0
-            s = build_niah(task, length, i, tokenizer, seed=seed, haystack=haystack, data_root=data_root,
-                           start_word=start or 0, min_depth=min_depth, distractors_before=before)
-        else:
-            start = None
-            s = build_ruler_sample(task, length, i, tokenizer, seed=seed, data_root=data_root)
-        meta = {**s.metadata, "split": "train", "start_word": start, "min_depth": min_depth}
-        if distractors_before:
-            meta["distractors_before"] = before
-        out.append(replace(s, id=f"train-{s.id}", metadata=meta))
-    return out
