@@ -176,3 +176,51 @@ def test_an_exported_adapter_changes_the_answers_of_memagent_run(ground_truth, t
         assert res.exit_code == 0, res.output
         answers.append([json.loads(x)["output"] for x in trace.read_text().splitlines()])
     assert len(answers[0]) == len(answers[1]) >= 2 and answers[0] != answers[1]
+
+
+def test_an_adapter_gguf_reads_back_into_peft_exactly(ground_truth):
+    """``model.lora.init_from`` with an adapter GGUF: the written f32 file, read into a zeroed copy of the peft
+    model, gives peft's logits back (q/k rows un-permuted)."""
+    import copy
+
+    import torch
+
+    from memagent.train.lora import load_init_adapter
+
+    gt = ground_truth
+    pm = copy.deepcopy(gt["peft_model"])
+    with torch.no_grad():
+        for name, p in pm.named_parameters():
+            if "lora_" in name:
+                p.zero_()
+        assert np.abs(pm(torch.tensor([gt["ids"]])).logits[0].numpy() - gt["lora"]).max() > 1.0
+        assert load_init_adapter(pm, gt["adapter"])["step"] is None
+        np.testing.assert_array_equal(pm(torch.tensor([gt["ids"]])).logits[0].numpy(), gt["lora"])
+
+
+def test_the_packaged_policy_warm_starts_training_as_llama_cpp_applies_it(gguf_path):
+    """``model.lora.init_from=ruler-niah``: the shipped adapter on transformers' float32 SmolLM2 moves the logits
+    as llama.cpp moves them with the same file on the F16 copy of the same weights (its base)."""
+    import torch
+
+    from memagent.backends.hf import load_hf_model
+    from memagent.backends.models import resolve_gguf
+    from memagent.policies import get
+    from memagent.train.lora import LoraSettings, apply_lora, load_init_adapter
+
+    policy = get("ruler-niah")
+    lora = policy.info["provenance"]["lora"]
+    model, tok = load_hf_model(gguf_path, "float32")
+    pm = apply_lora(model, LoraSettings(enabled=True, rank=lora["rank"], alpha=float(lora["alpha"])))
+    load_init_adapter(pm, "ruler-niah")
+    ids = tok(PROMPT, return_tensors="pt").input_ids
+    with torch.no_grad():
+        on = pm(ids).logits[0].numpy()
+        with pm.disable_adapter():
+            off = pm(ids).logits[0].numpy()
+    base = resolve_gguf(policy.base)
+    gap_on = np.abs(_llama_logits(base, ids[0].tolist(), str(policy.adapter_path)) - on).max()
+    gap_off = np.abs(_llama_logits(base, ids[0].tolist()) - off).max()
+    print(f"adapter effect {np.abs(on - off).max():.3f}, llama.cpp gap with it {gap_on:.4f}, without {gap_off:.4f}")
+    assert np.abs(on - off).max() > 1.0  # the trained adapter changes the model
+    assert gap_on < 2 * gap_off + 0.05  # and llama.cpp agrees with it as closely as on the base alone

@@ -210,3 +210,36 @@ def test_init_from_warm_starts_the_adapter_and_refuses_what_does_not_fit(tok, tm
         load_init_adapter(warm, str(tmp_path / "junk.pt"))
     with pytest.raises(ConfigError, match="needs model.lora.enabled"):
         load_policy(load_config(None, ["model.path=tiny", f"model.lora.init_from={ckpt}"]))
+
+
+def test_init_from_takes_an_exported_adapter_gguf_back_exactly(tok, tmp_path):
+    pytest.importorskip("gguf")
+    from memagent.export.gguf_lora import write_peft_lora_gguf
+    from memagent.train.lora import base_fingerprint, load_init_adapter
+
+    settings = LoraSettings(enabled=True, rank=4, alpha=8.0)
+    trained = _lora_model(tok, settings)
+    torch.manual_seed(7)
+    _train_adapter(trained, _rows(), steps=2)
+    path = write_peft_lora_gguf(trained, tmp_path / "adapter.gguf")  # float32; q/k rows in llama.cpp's order
+    torch.manual_seed(999)
+    warm = _lora_model(tok, settings)
+    assert load_init_adapter(warm, path) == {"step": None, "base_fingerprint": base_fingerprint(warm)}
+    a, b = dict(trained.named_parameters()), dict(warm.named_parameters())
+    q_b = "base_model.model.model.layers.1.self_attn.q_proj.lora_B.default.weight"
+    assert a[q_b].abs().sum() > 0  # trained away from peft's zeros, and its rows come back un-permuted
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=0)
+
+    with pytest.raises(ConfigError, match="adapter alpha 8.0, this run's LoRA gives 16.0"):
+        load_init_adapter(_lora_model(tok, LoraSettings(enabled=True, rank=4, alpha=16.0)), path)
+    with pytest.raises(ConfigError, match="another LoRA rank"):
+        load_init_adapter(_lora_model(tok, LoraSettings(enabled=True, rank=8, alpha=8.0)), path)
+    with pytest.raises(ConfigError, match="adapts modules this LoRA does not target"):
+        load_init_adapter(_lora_model(tok, LoraSettings(enabled=True, rank=4, alpha=8.0, target_modules=("q_proj",))),
+                          path)
+    (tmp_path / "junk.gguf").write_bytes(b"GGUF but not really")
+    with pytest.raises(ConfigError, match="not a readable GGUF"):
+        load_init_adapter(warm, str(tmp_path / "junk.gguf"))
+    with pytest.raises(ConfigError, match="no packaged policy 'ruler-niahh'; did you mean 'ruler-niah'"):
+        load_init_adapter(warm, "ruler-niahh")

@@ -83,11 +83,28 @@ def rope_permute(weight: np.ndarray, n_heads: int) -> np.ndarray:
     Source: llama.cpp ``convert_hf_to_gguf.py`` ``LlamaModel.permute``; transformers
     ``LlamaTensorProcessor._reverse_permute_weights`` is its inverse.
     """
-    rows = weight.shape[0]
+    half = _rotary_half(weight.shape[0], n_heads)
+    return weight.reshape(n_heads, 2, half, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def rope_unpermute(weight: np.ndarray, n_heads: int) -> np.ndarray:
+    """llama.cpp row order -> HF row order of a q or k projection: the inverse of :func:`rope_permute`.
+
+    Raises:
+        ConfigError: the row count is not a multiple of ``2 * n_heads``.
+    """
+    half = _rotary_half(weight.shape[0], n_heads)
+    return weight.reshape(n_heads, half, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def _rotary_half(rows: int, n_heads: int) -> int:
+    """Rows in each rotary half of a head, for ``rows`` rows of ``n_heads`` heads.
+
+    Raises:
+        ConfigError: ``rows`` is not a multiple of ``2 * n_heads``."""
     if n_heads < 1 or rows % (2 * n_heads):
         raise ConfigError(f"cannot permute {rows} rows for {n_heads} rotary heads (need a multiple of {2 * n_heads})")
-    half = rows // n_heads // 2
-    return weight.reshape(n_heads, 2, half, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+    return rows // n_heads // 2
 
 
 def gguf_tensor_name(module: str, shape: LlamaShape) -> str:
@@ -349,3 +366,50 @@ def write_peft_lora_gguf(model: Any, path: str | os.PathLike, adapter_name: str 
     state = get_peft_model_state_dict(model, adapter_name=adapter_name)
     return write_lora_gguf(state, path, LlamaShape.from_hf_config(base_config),
                            LoraScaling.from_peft(configs[adapter_name]))
+
+
+def read_lora_gguf(path: str | os.PathLike, modules: list[str], shape: LlamaShape) -> tuple[dict[str, dict[str, np.ndarray]], float]:
+    """Read a llama.cpp LoRA adapter GGUF back into peft's layout (the inverse of :func:`write_lora_gguf`).
+
+    Args:
+        path: a LoRA adapter GGUF (``general.type = adapter``, ``adapter.type = lora``), float32 or float16.
+        modules: the HF modules the adapter must cover, all of them and no others (e.g.
+            ``model.layers.3.self_attn.q_proj``).
+        shape: the base model's layer and head counts.
+
+    Returns:
+        ``({module: {"A": (r, in), "B": (out, r)}}, alpha)``: float32 arrays, ``B``'s rows of q and k back in HF
+        order; ``alpha`` is ``adapter.lora.alpha`` (0: each module's scale is folded into its ``B``).
+
+    Raises:
+        ConfigError: not a readable LoRA adapter GGUF, a module the file has no adapter for, or tensors for
+            modules not in ``modules``.
+    """
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(os.fspath(path))
+    except Exception as e:  # noqa: BLE001 - gguf raises ValueError, OSError, struct errors alike
+        raise ConfigError(f"{os.fspath(path)!r} is not a readable GGUF file ({type(e).__name__}: {e})") from e
+
+    def field(key: str) -> Any:
+        f = reader.fields.get(key)
+        return None if f is None else f.contents()
+
+    if field("general.type") != "adapter" or field("adapter.type") != "lora":
+        raise ConfigError(f"{os.fspath(path)!r} is not a LoRA adapter GGUF (general.type {field('general.type')!r}, "
+                          f"adapter.type {field('adapter.type')!r})")
+    tensors = {t.name: np.array(t.data, dtype=np.float32) for t in reader.tensors}
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for module in modules:
+        name = gguf_tensor_name(module, shape)
+        if name + ".lora_a" not in tensors or name + ".lora_b" not in tensors:
+            raise ConfigError(f"{os.fspath(path)!r} has no adapter for {module} ({name}.lora_a/.lora_b): it was "
+                              "trained on other target modules")
+        a, b = tensors.pop(name + ".lora_a"), tensors.pop(name + ".lora_b")
+        heads = _rows_permutation(name, shape)
+        out[module] = {"A": a, "B": b if heads is None else rope_unpermute(b, heads)}
+    if tensors:
+        raise ConfigError(f"{os.fspath(path)!r} adapts modules this LoRA does not target ({sorted(tensors)[:3]}, "
+                          f"{len(tensors)} tensors): use the target modules it was trained with")
+    return out, float(field("adapter.lora.alpha") or 0.0)

@@ -49,7 +49,8 @@ class LoraSettings:
         target_modules: names of the modules that get an adapter (the last component of the module path,
             e.g. ``q_proj``); each must exist in the model.
         init_from: a warm start: a training checkpoint (``checkpoints/step_*.pt`` of an earlier LoRA run on the
-            same base, rank and target modules) whose adapter this run starts from instead of peft's fresh
+            same base, rank and target modules), a LoRA adapter GGUF or a packaged policy's name (e.g.
+            ``ruler-niah``), whose adapter this run starts from instead of peft's fresh
             initialisation (:func:`load_init_adapter`). Only the adapter is taken: the optimizer, schedule,
             step count and data order start anew, and the reference model stays the base (the KL term is to the
             untrained model, not to the warm start). A resumed run loads its own checkpoint over it.
@@ -215,15 +216,23 @@ def load_adapter_state_dict(model: nn.Module, state: dict[str, torch.Tensor]) ->
 def load_init_adapter(model: nn.Module, path: str) -> dict[str, Any]:
     """Warm start (``model.lora.init_from``): copy the adapter of the training checkpoint at ``path`` into the
     peft ``model``; returns the checkpoint's step and base fingerprint (``{"step": int, "base_fingerprint": str}``)
-    for the run's provenance.
+    for the run's provenance. ``path`` may also be a llama.cpp LoRA adapter GGUF (what ``memagent export
+    --format lora-gguf`` writes) or a packaged policy's name (``ruler-niah``): :func:`load_gguf_adapter`, step
+    ``None``.
 
     Raises:
-        ConfigError: ``path`` is missing or not a LoRA training checkpoint, its adapter was trained on other
-            base weights (fingerprint differs), or its adapter has other names or shapes (rank, targets).
+        ConfigError: ``path`` is missing or not a LoRA training checkpoint or adapter GGUF, a name that is no
+            packaged policy, its adapter was trained on other base weights (fingerprint differs), or its
+            adapter has other names or shapes (rank, targets) or another alpha.
     """
+    from memagent.policies import resolve_lora
+
+    path = resolve_lora(path) or path  # a packaged policy's name -> its adapter GGUF
     if not os.path.isfile(path):
         raise ConfigError(f"model.lora.init_from: {path!r} is not a file; give a LoRA run's checkpoint "
-                          "(its checkpoints/step_*.pt)")
+                          "(its checkpoints/step_*.pt), a LoRA adapter GGUF or a packaged policy's name")
+    if path.endswith(".gguf"):
+        return {"step": None, "base_fingerprint": load_gguf_adapter(model, path)}
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # noqa: BLE001 - pickle, zip and EOF errors alike
@@ -233,6 +242,32 @@ def load_init_adapter(model: nn.Module, path: str) -> dict[str, Any]:
         raise ConfigError(f"model.lora.init_from: {path!r} is not a LoRA training checkpoint (no adapter in it)")
     here = load_adapter_on_base(model, saved["adapter"], saved.get("base_fingerprint"), f"model.lora.init_from {path!r}")
     return {"step": state.get("step"), "base_fingerprint": here}
+
+
+def load_gguf_adapter(model: nn.Module, path: str) -> str:
+    """Copy a llama.cpp LoRA adapter GGUF into the peft ``model`` (float16 files lose nothing more than their
+    rounding); returns the base's fingerprint. A GGUF records no base fingerprint, so the base is not checked:
+    start from an adapter made on this run's base (a packaged policy names its base in ``policy.json``).
+
+    Raises:
+        ConfigError: not a LoRA adapter GGUF, other target modules or ranks, an ``adapter.lora.alpha`` that
+            differs from this run's LoRA scale (``model.lora.alpha``), or a model that is not llama-architecture.
+    """
+    from memagent.export.gguf_lora import LlamaShape, LoraScaling, read_lora_gguf, split_lora_state_dict
+
+    peft = peft_model(model)
+    live = dict(trainable_named_parameters(model))
+    pairs = split_lora_state_dict(live, "default")
+    settings = LoraScaling.from_peft(peft.peft_config["default"])
+    arrays, alpha = read_lora_gguf(path, list(pairs), LlamaShape.from_hf_config(peft.get_base_model().config))
+    if not settings.uniform() or abs(alpha - settings.gguf_alpha()) > 1e-6 * settings.gguf_alpha():
+        raise ConfigError(f"model.lora.init_from {path!r}: adapter alpha {alpha}, this run's LoRA gives "
+                          f"{settings.gguf_alpha()}: set model.lora.alpha and rank to the adapter's")
+    name_of = {id(p): n for n, p in live.items()}
+    state = {name_of[id(param)]: torch.from_numpy(arrays[module][side])
+             for module, ab in pairs.items() for side, param in ab.items()}
+    load_adapter_state_dict(model, state)
+    return base_fingerprint(model)
 
 
 def load_adapter_on_base(model: nn.Module, adapter: dict[str, torch.Tensor], fingerprint: str | None,
