@@ -382,10 +382,13 @@ def read_lora_gguf(path: str | os.PathLike, modules: list[str], shape: LlamaShap
         order; ``alpha`` is ``adapter.lora.alpha`` (0: each module's scale is folded into its ``B``).
 
     Raises:
-        ConfigError: not a readable LoRA adapter GGUF, a module the file has no adapter for, or tensors for
-            modules not in ``modules``.
+        ConfigError: not a readable LoRA adapter GGUF, a module the file has no adapter for, tensors for
+            modules not in ``modules``, or the gguf package is missing.
     """
-    import gguf
+    try:
+        import gguf
+    except ImportError as e:
+        raise ConfigError(f"reading GGUF files needs the gguf package ({e}); pip install gguf") from e
 
     try:
         reader = gguf.GGUFReader(os.fspath(path))
