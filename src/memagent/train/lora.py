@@ -227,7 +227,7 @@ def load_init_adapter(model: nn.Module, path: str) -> dict[str, Any]:
     """
     from memagent.policies import resolve_lora
 
-    path = resolve_lora(path) or path  # a packaged policy's name -> its adapter GGUF
+    path = resolve_lora(path)  # a packaged policy's name -> its adapter GGUF; a path stays as it is
     if not os.path.isfile(path):
         raise ConfigError(f"model.lora.init_from: {path!r} is not a file; give a LoRA run's checkpoint "
                           "(its checkpoints/step_*.pt), a LoRA adapter GGUF or a packaged policy's name")
@@ -260,7 +260,7 @@ def load_gguf_adapter(model: nn.Module, path: str) -> str:
     pairs = split_lora_state_dict(live, "default")
     settings = LoraScaling.from_peft(peft.peft_config["default"])
     arrays, alpha = read_lora_gguf(path, list(pairs), LlamaShape.from_hf_config(peft.get_base_model().config))
-    if not settings.uniform() or abs(alpha - settings.gguf_alpha()) > 1e-6 * settings.gguf_alpha():
+    if abs(alpha - settings.gguf_alpha()) > 1e-6 * settings.gguf_alpha():  # (a file with folded scales: alpha 0)
         raise ConfigError(f"model.lora.init_from {path!r}: adapter alpha {alpha}, this run's LoRA gives "
                           f"{settings.gguf_alpha()}: set model.lora.alpha and rank to the adapter's")
     name_of = {id(p): n for n, p in live.items()}
