@@ -95,6 +95,20 @@ def test_empty_training_file_is_named(tmp_path):
         _train_data(cfg)
 
 
+def test_validation_off_reads_no_validation_file(tmp_path):
+    """run.val_every=0 never validates, so a configured data.val_path that is absent (a new machine where the
+    validation set was not rebuilt) must not stop the run; with validation on, the same path is read and named."""
+    from memagent.errors import DataError
+    from memagent.train.data import val_data
+
+    missing = tmp_path / "absent_val.jsonl"
+    off = load_config("configs/train_cpu_small.yaml", [f"data.val_path={missing}", "data.val_context_multipliers=[1]", "run.val_every=0"])
+    assert val_data(off) == {}
+    on = load_config("configs/train_cpu_small.yaml", [f"data.val_path={missing}", "data.val_context_multipliers=[1]", "run.val_every=5"])
+    with pytest.raises((DataError, FileNotFoundError), match="absent_val.jsonl"):
+        val_data(on)
+
+
 def test_docs_list_every_option_with_its_default():
     # docs/training.md's "Every option" table: every key once, with the dataclass default
     import dataclasses

@@ -50,12 +50,15 @@ def train_data(cfg: TrainConfig) -> list:
 
 
 def val_data(cfg: TrainConfig) -> dict[int, list]:
-    """Validation questions per length multiplier (``{1: samples}`` for a ``data.val_path`` file).
+    """Validation questions per length multiplier (``{1: samples}`` for a ``data.val_path`` file); none when
+    ``run.val_every`` is 0 (validation off: a configured ``data.val_path`` is then not read and need not exist).
 
     Raises:
         DataError: the file holds no samples.
     """
     d = cfg.data
+    if not cfg.run.val_every:
+        return {}
     if d.val_path:
         from memagent.data.io import read_samples
 
