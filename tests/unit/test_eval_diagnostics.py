@@ -112,6 +112,25 @@ def test_agent_outcomes(memories, score, outcome, captured, retained, lost_at):
     assert d.targets[0].captured_at == (1 if captured else None)
 
 
+@pytest.mark.parametrize("memories, copied", [
+    (["owl is 1", "owl is 1", "owl is 1"], True),  # the needle's chunk (1) returned chunk 0's memory word for word
+    (["owl is 1", " owl is 1 ", "x"], True),  # the same memory up to surrounding whitespace
+    (["owl is 1", "owl is 2", "owl is 2"], False),  # the update rewrote the memory, just not with the needle
+    (["owl is 1", "owl is 7654321", "owl is 1"], False),  # captured (then lost): never a copy-over
+])
+def test_agent_copied_over_evidence(memories, copied):
+    ctx, ev = _ctx()
+    sample = {"context": ctx, "answers": ["7654321"], "metadata": {"evidence": ev}}
+    d = diagnose_agent(_row(answer="1"), sample, _turns(memories, CHUNKS))
+    assert d.copied_over is copied and d.targets[0].copied_over is copied
+    assert diagnose_agent(_row(answer="1"), sample, None).copied_over is None  # no trace: not measured
+    # evidence in the first update's chunk: there is no previous memory to copy
+    first = [[(0, 45)], [(45, 64)]]
+    assert diagnose_agent(_row(answer="1"), sample, _turns(["a", "a"], first)).copied_over is False
+    (c,) = summarize_diagnostics([d, diagnose_agent(_row(), sample, _turns(["a", "b", "c"], CHUNKS))])
+    assert c.copied_over_pct == (50.0 if copied else 0.0) and c.metrics()["copied_over_pct"] == c.copied_over_pct
+
+
 def test_numbers_and_early_guess():
     assert numbers("is 1, then 5915962. v2 3.5 and x_7 [12] 12345678") == {"1", "5915962", "3.5", "12", "12345678"}
     assert numbers(None) == set() and numbers("no digits") == set()

@@ -29,6 +29,9 @@ Definitions (docs/diagnostics.md has the full text):
   Agent and direct rows alike; not measured where the gold holds no number.
 - **First-distractor answer**: a distractor answer naming the document's first number of the gold's kind: the
   first needle read was another key's, and the answer kept it (:func:`first_distractor_answer`).
+- **Copied over the evidence**: a target never captured whose every evidence chunk (after the first update)
+  was answered with the previous memory word for word: the update copied the old memory forward over the
+  evidence instead of reading it.
 - **Memory health** per update turn: completion tokens, cap hit (``finish_reason == "length"``), repeated
   word 4-gram share (:func:`repeated_ngram_share`), empty memory, memory unchanged from the previous update.
 """
@@ -164,6 +167,7 @@ class TargetStatus:
     captured_at: int | None = None
     retained: bool | None = None
     lost_at: int | None = None
+    copied_over: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.__dict__, "aliases": list(self.aliases)}
@@ -229,6 +233,8 @@ class SampleDiagnosis:
         first_distractor_answer: a distractor answer naming the document's first number of the gold's kind
             (:func:`first_distractor_answer`; ``None`` where ``distractor_answer`` is).
         lost_at: chunk index of the update that dropped a captured target for good (``captured_then_lost``).
+        copied_over: a target was never captured because each update of its evidence chunks returned the previous
+            memory unchanged (``None`` where capture is not measured).
         health: memory health of the update turns (``None`` without a trace).
     """
 
@@ -248,6 +254,7 @@ class SampleDiagnosis:
     distractor_answer: bool | None = None
     first_distractor_answer: bool | None = None
     lost_at: int | None = None
+    copied_over: bool | None = None
     health: MemoryHealth | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -259,6 +266,10 @@ class SampleDiagnosis:
 
 def _all(xs: Sequence[bool | None]) -> bool | None:
     return None if not xs or any(x is None for x in xs) else all(xs)
+
+
+def _any(xs: Sequence[bool | None]) -> bool | None:
+    return None if not xs or any(x is None for x in xs) else any(xs)
 
 
 def _base(row: Mapping[str, Any], kind: str) -> SampleDiagnosis:
@@ -341,6 +352,9 @@ def _follow(t: Target, st: TargetStatus, chunks: list[list[Range]], memories: li
     st.retained = bool(memories) and t.found_in(memories[-1])
     hit = next((p for p in pos if t.found_in(memories[p])), None)
     st.captured = hit is not None
+    later = [p for p in pos if p > 0]  # the first update has no previous memory to copy
+    st.copied_over = (hit is None and bool(later)
+                      and all(memories[p].strip() == memories[p - 1].strip() for p in later))
     if hit is None:
         return
     st.captured_at = index[hit]
@@ -390,6 +404,7 @@ def diagnose_agent(row: Mapping[str, Any], sample: Mapping[str, Any] | None, tur
             d.retained = _all([t.retained for t in d.targets])
             lost = [t.lost_at for t in d.targets if t.lost_at is not None]
             d.lost_at = min(lost) if lost else None
+            d.copied_over = _any([t.copied_over for t in d.targets])
             if d.captured is not None:
                 first = index.index(min(c for t in d.targets for c in t.evidence_chunks))
                 golds = [*(sample.get("answers") or ()), *(a for t in d.targets for a in t.aliases)]
@@ -433,7 +448,8 @@ class CellDiagnostics:
             evidence, :func:`early_guess`) are over these; ``distractor_answer_pct`` (wrong answers naming another
             number of the document, :func:`distractor_answer`) and ``first_distractor_pct`` (those naming the
             document's first such number, :func:`first_distractor_answer`) are over the non-error samples whose
-            data is known.
+            data is known; ``copied_over_pct`` (samples whose evidence chunks were answered with the previous
+            memory unchanged, so the evidence never reached it) is over the tracked samples.
         n_updates: update turns with a trace (errors left out); the memory-health numbers are over these
             (``repeat_4gram_pct`` over those of at least 4 words, ``unchanged_memory_pct`` over all but each
             sample's first).
@@ -452,6 +468,7 @@ class CellDiagnostics:
     early_guess_pct: float | None
     distractor_answer_pct: float | None
     first_distractor_pct: float | None
+    copied_over_pct: float | None
     n_updates: int
     memory_tokens_mean: float | None
     cap_hit_pct: float | None
@@ -462,7 +479,7 @@ class CellDiagnostics:
     def metrics(self) -> dict[str, float]:
         """The measured numbers by name (what a training log records); unmeasured ones are left out."""
         keys = ("read_pct", "captured_pct", "retained_pct", "early_guess_pct", "distractor_answer_pct",
-                "first_distractor_pct", "memory_tokens_mean", "cap_hit_pct",
+                "first_distractor_pct", "copied_over_pct", "memory_tokens_mean", "cap_hit_pct",
                 "repeat_4gram_pct", "empty_memory_pct", "unchanged_memory_pct")
         out = {k: float(getattr(self, k)) for k in keys if getattr(self, k) is not None}
         out.update({f"{k}_pct": 100.0 * v / self.n for k, v in self.outcomes.items()} if self.n else {})
@@ -490,6 +507,7 @@ def summarize_diagnostics(diagnoses: Sequence[SampleDiagnosis]) -> list[CellDiag
             early_guess_pct=_pct([bool(d.early_guess) for d in tracked]),
             distractor_answer_pct=_pct([d.distractor_answer for d in ok if d.distractor_answer is not None]),
             first_distractor_pct=_pct([d.first_distractor_answer for d in ok if d.first_distractor_answer is not None]),
+            copied_over_pct=_pct([bool(d.copied_over) for d in tracked]),
             n_updates=len(tokens), memory_tokens_mean=_mean(tokens),
             cap_hit_pct=_pct([x for h in hs for x in h.cap_hits]),
             repeat_4gram_pct=None if (r := _mean([x for h in hs for x in h.repetition])) is None else 100.0 * r,

@@ -34,7 +34,7 @@ OUTCOME_LABELS = {
 DIAG_COLUMNS = (
     ("read %", "read_pct", "pct"), ("captured %", "captured_pct", "pct"), ("retained %", "retained_pct", "pct"),
     ("early guess %", "early_guess_pct", "pct"), ("distractor answer %", "distractor_answer_pct", "pct"),
-    ("first distractor %", "first_distractor_pct", "pct"),
+    ("first distractor %", "first_distractor_pct", "pct"), ("copied over evidence %", "copied_over_pct", "pct"),
     *((OUTCOME_LABELS[k], k, "count") for k in OUTCOMES),
     ("memory tokens", "memory_tokens_mean", "num"), ("cap hit %", "cap_hit_pct", "pct"),
     ("4-gram repeat %", "repeat_4gram_pct", "pct"), ("empty %", "empty_memory_pct", "pct"),
@@ -112,6 +112,7 @@ def sample_record(run: str, row: Mapping[str, Any], d: SampleDiagnosis, turns: S
         "early_guess": d.early_guess,
         "distractor_answer": d.distractor_answer,
         "first_distractor_answer": d.first_distractor_answer,
+        "copied_over": d.copied_over,
         "question": row.get("question", ""), "gold": list(row.get("answers") or []), "answer": row.get("answer", ""),
         "response": row.get("response", ""), "error": row.get("error"),
         "targets": [t.to_dict() for t in d.targets],
@@ -268,6 +269,7 @@ function drawView(i){
   v.className = 'open';
   const flags = (s.outcome === 'captured_then_lost' && s.lost_at != null ? ` (dropped at update ${s.lost_at})` : '')
     + (s.early_guess ? ' (early guess: the answer repeats a number held before the evidence)' : '')
+    + (s.copied_over ? ' (copied over: the update of the evidence chunk returned the previous memory unchanged)' : '')
     + (s.first_distractor_answer ? ' (first distractor: the first number of its kind in the document)'
        : s.distractor_answer ? ' (distractor answer: another number of the document)' : '');
   v.innerHTML = `<div id="sample-detail" data-sample-id="${esc(s.sample_id)}" data-outcome="${esc(s.outcome)}">

@@ -232,7 +232,7 @@ class RunsDiagnosis:
 
 #: The diagnostics columns of ``summary.csv`` (see :class:`memagent.eval.diagnostics.CellDiagnostics`).
 CSV_COLUMNS = ("n_read", "read_pct", "n_tracked", "captured_pct", "retained_pct", "early_guess_pct", "distractor_answer_pct",
-               "first_distractor_pct",
+               "first_distractor_pct", "copied_over_pct",
                *(f"n_{k}" for k in ("correct", "retained_wrong", "captured_then_lost", "never_captured", "not_read",
                                     "in_view_wrong", "unmeasured")),
                "n_updates", "memory_tokens_mean", "cap_hit_pct", "repeat_4gram_pct", "empty_memory_pct", "unchanged_memory_pct")
