@@ -16,7 +16,9 @@ from memagent.eval.diagnostics import (
     diagnose_agent,
     diagnose_direct,
     distractor_answer,
+    distractors_before,
     first_distractor_answer,
+    format_split,
     early_guess,
     memory_health,
     numbers,
@@ -199,6 +201,35 @@ def test_distractor_answer():
     assert c.first_distractor_pct == pytest.approx(100.0 / 3) and c.metrics()["first_distractor_pct"] == c.first_distractor_pct
 
 
+def test_distractors_before_and_cell_split():
+    doc = "a 8041481. b 5550001. In 1998. c 7654321. d 8041481. e 1234567."
+    assert distractors_before(["7654321"], doc) == 2  # 8041481 and 5550001; the year is not of the kind
+    assert distractors_before(["8041481"], doc) == 0  # comes first
+    assert distractors_before(["1234567"], doc) == 3  # repeats count once
+    assert distractors_before(["7654321"], "a 7654321. b 7654321.") == 0
+    assert distractors_before(["9999999"], doc) is None  # the gold value is not in the document
+    assert distractors_before(["owl"], doc) is None  # no number in the gold: not measured
+    assert distractors_before(["1998"], doc) == 0  # 4-digit gold: the 7-digit numbers are of another kind
+
+    def sample(asked_last):
+        needles = ["One of the codes for cat is: 8041481.", "One of the codes for owl is: 7654321."]
+        ctx = " filler ".join(needles[::-1] if not asked_last else needles)
+        a = ctx.index("One of the codes for owl")
+        ev = [evidence_item(ctx, a, a + len(needles[1]), "needle", answer="7654321", key="owl")]
+        return {"context": ctx, "answers": ["7654321"], "metadata": {"evidence": ev}}
+
+    right, wrong = _row(1.0, answer="7654321"), _row(answer="8041481")
+    ds = [diagnose_agent(right, sample(False), None), diagnose_agent(wrong, sample(True), None),
+          diagnose_agent(right, sample(True), None), diagnose_agent(wrong, sample(True), None),
+          diagnose_agent(_row(status="error"), sample(True), None),  # counted per row, left out of the split
+          diagnose_direct(right, {"context": "x", "answers": ["owl"]}, [(0, 1)])]  # another method: its own cell
+    assert [d.distractors_before for d in ds] == [0, 1, 1, 1, 1, None]
+    agent, direct = summarize_diagnostics(ds[:5])[0], summarize_diagnostics(ds[5:])[0]
+    assert agent.correct_by_distractors_before == {0: (1, 1), 1: (1, 3)}
+    assert format_split(agent.correct_by_distractors_before) == "0:1/1 1:1/3"
+    assert direct.correct_by_distractors_before == {} and format_split({}) == ""
+
+
 def test_truncated_evidence_is_not_read_and_traces_without_context_chars():
     ctx, ev = _ctx()
     sample = {"context": ctx, "answers": ["7654321"], "metadata": {"evidence": ev}}
@@ -338,6 +369,8 @@ def test_run_folder_report_and_missing_traces(tmp_path):
     assert (m["early_guess_pct"], d["early_guess_pct"]) == ("0.0", "")  # the toy's wrong answers name no number
     assert (m["distractor_answer_pct"], d["distractor_answer_pct"]) == ("0.0", "0.0")  # nor a number of the document
     assert (m["first_distractor_pct"], d["first_distractor_pct"]) == ("0.0", "0.0")
+    # one needle per document, so every gold value comes first: the split is the score
+    assert m["correct_by_distractors_before"] == d["correct_by_distractors_before"] == "0:1/4"
     assert (t["n_not_read"], t["read_pct"], t["n_tracked"]) == ("2", "50.0", "2")  # the middle needles were cut away
     assert (d["n_correct"], d["n_in_view_wrong"], d["n_not_read"], d["read_pct"]) == ("1", "1", "2", "50.0")
     assert d["captured_pct"] == "" and d["cap_hit_pct"] == ""  # no memory: not measured, not zero

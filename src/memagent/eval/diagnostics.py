@@ -29,6 +29,10 @@ Definitions (docs/diagnostics.md has the full text):
   Agent and direct rows alike; not measured where the gold holds no number.
 - **First-distractor answer**: a distractor answer naming the document's first number of the gold's kind: the
   first needle read was another key's, and the answer kept it (:func:`first_distractor_answer`).
+- **Distractors before the evidence**: how many other numbers of the gold's kind the document states before
+  the gold value (:func:`distractors_before`: on niah_multikey_1, the asked needle's place among the needles);
+  per cell, the score split by that count tells a memory that keeps the first value it reads from one that
+  keeps the last.
 - **Copied over the evidence**: a target never captured whose every evidence chunk (after the first update)
   was answered with the previous memory word for word: the update copied the old memory forward over the
   evidence instead of reading it.
@@ -44,12 +48,12 @@ from typing import Any
 
 from memagent.errors import DataError
 from memagent.eval.evidence import Range, Target, end_chunk, inside, read_evidence, targets_of
-from memagent.eval.memory_text import (contains, distractor_answer, early_guess, first_distractor_answer, numbers,
-                                       repeated_ngram_share)
+from memagent.eval.memory_text import (contains, distractor_answer, distractors_before, early_guess,
+                                       first_distractor_answer, numbers, repeated_ngram_share)
 
 __all__ = ["OUTCOMES", "CellDiagnostics", "MemoryHealth", "SampleDiagnosis", "Target", "TargetStatus", "contains",
-           "diagnose_agent", "diagnose_direct", "distractor_answer", "early_guess", "first_distractor_answer",
-           "memory_health", "numbers", "read_evidence",
+           "diagnose_agent", "diagnose_direct", "distractor_answer", "distractors_before", "early_guess", "first_distractor_answer",
+           "format_split", "memory_health", "numbers", "read_evidence",
            "repeated_ngram_share", "summarize_diagnostics", "targets_of"]
 
 #: Outcome classes, in the order reports list them.
@@ -136,6 +140,9 @@ class SampleDiagnosis:
             without the sample, or when the gold answer holds no number).
         first_distractor_answer: a distractor answer naming the document's first number of the gold's kind
             (:func:`first_distractor_answer`; ``None`` where ``distractor_answer`` is).
+        distractors_before: other numbers of the gold's kind the document states before the gold value
+            (:func:`distractors_before`; ``None`` without the sample, for a gold holding no number, or when the
+            document does not state the gold value).
         lost_at: chunk index of the update that dropped a captured target for good (``captured_then_lost``).
         copied_over: a target was never captured because each update of its evidence chunks returned the previous
             memory unchanged (``None`` where capture is not measured).
@@ -157,6 +164,7 @@ class SampleDiagnosis:
     early_guess: bool | None = None
     distractor_answer: bool | None = None
     first_distractor_answer: bool | None = None
+    distractors_before: int | None = None
     lost_at: int | None = None
     copied_over: bool | None = None
     health: MemoryHealth | None = None
@@ -183,11 +191,14 @@ def _base(row: Mapping[str, Any], kind: str) -> SampleDiagnosis:
 
 
 def _flag_distractor(d: SampleDiagnosis, row: Mapping[str, Any], sample: Mapping[str, Any] | None) -> None:
-    """Set ``d.distractor_answer`` (any method; needs the sample, not the trace)."""
-    if sample is None or row.get("status") != "ok":
+    """Set ``d.distractor_answer`` and ``d.distractors_before`` (any method; need the sample, not the trace)."""
+    if sample is None:
         return
     golds = [str(a) for a in sample.get("answers") or ()]
     doc = str(sample.get("context") or "")
+    d.distractors_before = distractors_before(golds, doc)
+    if row.get("status") != "ok":
+        return
     flag = distractor_answer(row.get("answer"), golds, doc)
     d.distractor_answer = None if flag is None else flag and not _is_correct(row)
     first = first_distractor_answer(row.get("answer"), golds, doc)
@@ -357,6 +368,8 @@ class CellDiagnostics:
         n_updates: update turns with a trace (errors left out); the memory-health numbers are over these
             (``repeat_4gram_pct`` over those of at least 4 words, ``unchanged_memory_pct`` over all but each
             sample's first).
+        correct_by_distractors_before: ``{count: (correct, samples)}`` over the non-error samples whose
+            :func:`distractors_before` is measured, by that count in increasing order (``{}`` when none is).
     """
 
     method: str
@@ -379,6 +392,7 @@ class CellDiagnostics:
     repeat_4gram_pct: float | None
     empty_memory_pct: float | None
     unchanged_memory_pct: float | None
+    correct_by_distractors_before: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
         """The measured numbers by name (what a training log records); unmeasured ones are left out."""
@@ -388,6 +402,20 @@ class CellDiagnostics:
         out = {k: float(getattr(self, k)) for k in keys if getattr(self, k) is not None}
         out.update({f"{k}_pct": 100.0 * v / self.n for k, v in self.outcomes.items()} if self.n else {})
         return out
+
+
+def _split_by_distractors_before(ds: Sequence[SampleDiagnosis]) -> dict[int, tuple[int, int]]:
+    out: dict[int, tuple[int, int]] = {}
+    for d in ds:
+        if d.distractors_before is not None:
+            hit, n = out.get(d.distractors_before, (0, 0))
+            out[d.distractors_before] = (hit + (d.outcome == "correct"), n + 1)
+    return dict(sorted(out.items()))
+
+
+def format_split(split: Mapping[int, tuple[int, int]]) -> str:
+    """``{0: (2, 3), 3: (0, 6)}`` -> ``"0:2/3 3:0/6"`` (count: correct / samples); ``""`` for an empty split."""
+    return " ".join(f"{k}:{hit}/{n}" for k, (hit, n) in split.items())
 
 
 def summarize_diagnostics(diagnoses: Sequence[SampleDiagnosis]) -> list[CellDiagnostics]:
@@ -417,5 +445,6 @@ def summarize_diagnostics(diagnoses: Sequence[SampleDiagnosis]) -> list[CellDiag
             repeat_4gram_pct=None if (r := _mean([x for h in hs for x in h.repetition])) is None else 100.0 * r,
             empty_memory_pct=_pct([x for h in hs for x in h.empty]),
             unchanged_memory_pct=_pct([x for h in hs for x in h.unchanged]),
+            correct_by_distractors_before=_split_by_distractors_before(ok),
         ))
     return sorted(out, key=lambda c: (c.task, c.length, c.method))

@@ -21,7 +21,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from memagent.eval.diagnostics import OUTCOMES, CellDiagnostics, SampleDiagnosis, TargetStatus
+from memagent.eval.diagnostics import OUTCOMES, CellDiagnostics, SampleDiagnosis, TargetStatus, format_split
 
 #: Readable names of the outcome classes.
 OUTCOME_LABELS = {
@@ -39,6 +39,7 @@ DIAG_COLUMNS = (
     ("memory tokens", "memory_tokens_mean", "num"), ("cap hit %", "cap_hit_pct", "pct"),
     ("4-gram repeat %", "repeat_4gram_pct", "pct"), ("empty %", "empty_memory_pct", "pct"),
     ("unchanged %", "unchanged_memory_pct", "pct"),
+    ("correct by distractors before", "correct_by_distractors_before", "split"),
 )
 
 
@@ -52,6 +53,9 @@ def diagnostics_cells(cell: CellDiagnostics | None) -> list[str]:
             out.append(str(cell.outcomes.get(key, 0)))
         else:
             v = getattr(cell, key)
+            if kind == "split":
+                out.append(format_split(v) or "n/a")
+                continue
             out.append("n/a" if v is None else f"{v:.1f}" if kind == "pct" else f"{v:.0f}")
     return out
 
@@ -112,6 +116,7 @@ def sample_record(run: str, row: Mapping[str, Any], d: SampleDiagnosis, turns: S
         "early_guess": d.early_guess,
         "distractor_answer": d.distractor_answer,
         "first_distractor_answer": d.first_distractor_answer,
+        "distractors_before": d.distractors_before,
         "copied_over": d.copied_over,
         "question": row.get("question", ""), "gold": list(row.get("answers") or []), "answer": row.get("answer", ""),
         "response": row.get("response", ""), "error": row.get("error"),
@@ -271,7 +276,8 @@ function drawView(i){
     + (s.early_guess ? ' (early guess: the answer repeats a number held before the evidence)' : '')
     + (s.copied_over ? ' (copied over: the update of the evidence chunk returned the previous memory unchanged)' : '')
     + (s.first_distractor_answer ? ' (first distractor: the first number of its kind in the document)'
-       : s.distractor_answer ? ' (distractor answer: another number of the document)' : '');
+       : s.distractor_answer ? ' (distractor answer: another number of the document)' : '')
+    + (s.distractors_before ? ` (${s.distractors_before} other value${s.distractors_before > 1 ? 's' : ''} of its kind before the gold)` : '');
   v.innerHTML = `<div id="sample-detail" data-sample-id="${esc(s.sample_id)}" data-outcome="${esc(s.outcome)}">
   <a class="close" href="#">× close</a><h3>${badge(s.outcome)}${esc(s.method)} · ${esc(s.task)} ${esc(s.length)} · ${esc(s.sample_id)}${flags}</h3>
   ${s.note ? `<p class="help">${esc(s.note)}</p>` : ''}

@@ -1,5 +1,6 @@
 """Text measures of memories used by the diagnostics (:mod:`memagent.eval.diagnostics`): word-bounded
-containment of an answer, repeated n-grams, the numbers a text names, and the early-guess test."""
+containment of an answer, repeated n-grams, the numbers a text names, the early-guess test, and where the gold value stands among the
+document's other values."""
 
 from __future__ import annotations
 
@@ -120,3 +121,29 @@ def first_distractor_answer(answer: str | None, golds: Sequence[str], document: 
         return None
     first = next((n for n in numbers_in_order(document) if _digits(n) in digits), None)
     return first is not None and first not in gold and first in numbers(answer)
+
+
+def distractors_before(golds: Sequence[str], document: str) -> int | None:
+    """How many other numbers of the gold answer's kind the document states before the gold value.
+
+    Counts the distinct numbers with a gold number's digit count (:func:`distractor_answer`'s kind), not gold
+    answers, whose first occurrence in reading order precedes the first occurrence of any gold number. On
+    niah_multikey_1 it is the asked needle's place among the document's needles: 0 when it comes first, 3 when
+    it comes after the three other keys' needles. A memory that writes the first value it reads scores on 0
+    and misses the rest; one that overwrites with each new value scores only on the last.
+    ``distractors_before(["7654321"], "a 8041481. b 5550001. c 7654321. d 8041481.") == 2``.
+
+    Returns:
+        The count, or ``None`` when no gold answer holds a number or no gold number occurs in ``document``
+        (not measured).
+    """
+    gold, digits = _gold_kind(golds)
+    if not digits:
+        return None
+    seen: set[str] = set()
+    for n in numbers_in_order(document):
+        if n in gold:
+            return len(seen)
+        if _digits(n) in digits:
+            seen.add(n)
+    return None

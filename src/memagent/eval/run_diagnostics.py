@@ -21,7 +21,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from memagent.eval.diagnostics import CellDiagnostics, SampleDiagnosis, diagnose_agent, diagnose_direct, summarize_diagnostics
+from memagent.eval.diagnostics import (CellDiagnostics, SampleDiagnosis, diagnose_agent, diagnose_direct, format_split,
+                                      summarize_diagnostics)
 from memagent.runfiles import read_manifest, read_results
 from memagent.runfiles.trace import read_trace  # noqa: F401 - the trace reader lives with the trace files
 
@@ -235,15 +236,20 @@ CSV_COLUMNS = ("n_read", "read_pct", "n_tracked", "captured_pct", "retained_pct"
                "first_distractor_pct", "copied_over_pct",
                *(f"n_{k}" for k in ("correct", "retained_wrong", "captured_then_lost", "never_captured", "not_read",
                                     "in_view_wrong", "unmeasured")),
-               "n_updates", "memory_tokens_mean", "cap_hit_pct", "repeat_4gram_pct", "empty_memory_pct", "unchanged_memory_pct")
+               "n_updates", "memory_tokens_mean", "cap_hit_pct", "repeat_4gram_pct", "empty_memory_pct", "unchanged_memory_pct",
+               "correct_by_distractors_before")
 
 
 def csv_cells(cell: CellDiagnostics | None) -> list[str]:
-    """The :data:`CSV_COLUMNS` values of one cell: numbers with one decimal, ``""`` where not measured."""
+    """The :data:`CSV_COLUMNS` values of one cell: numbers with one decimal, ``""`` where not measured; the score
+    split by distractors before the evidence as ``"0:2/3 3:0/6"`` (:func:`memagent.eval.diagnostics.format_split`)."""
     if cell is None:
         return [""] * len(CSV_COLUMNS)
     out = []
     for col in CSV_COLUMNS:
         v = cell.outcomes.get(col[2:]) if col.startswith("n_") and col[2:] in cell.outcomes else getattr(cell, col)
+        if isinstance(v, dict):
+            out.append(format_split(v))
+            continue
         out.append("" if v is None else str(v) if isinstance(v, int) else f"{v:.1f}")
     return out
