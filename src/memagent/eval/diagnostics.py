@@ -52,8 +52,8 @@ from memagent.eval.memory_text import (contains, distractor_answer, distractors_
                                        first_distractor_answer, numbers, repeated_ngram_share)
 
 __all__ = ["OUTCOMES", "CellDiagnostics", "MemoryHealth", "SampleDiagnosis", "Target", "TargetStatus", "contains",
-           "diagnose_agent", "diagnose_direct", "distractor_answer", "distractors_before", "early_guess", "first_distractor_answer",
-           "format_split", "memory_health", "numbers", "read_evidence",
+           "diagnose_agent", "diagnose_direct", "distractor_answer", "distractors_before", "early_guess",
+           "first_distractor_answer", "format_split", "memory_health", "numbers", "read_evidence",
            "repeated_ngram_share", "summarize_diagnostics", "targets_of"]
 
 #: Outcome classes, in the order reports list them.
