@@ -100,6 +100,15 @@ def test_eval_only_runs_named_cells(tmp_path):
     assert r.exit_code == 0, r.output
     rows = [json.loads(x) for x in (other / "results.jsonl").read_text().splitlines()]
     assert {(x["method"], x["task"], x["length"]) for x in rows} == {("direct", "vt", 2048)} and len(rows) == 2
+    # a repeated flag adds to the earlier ones instead of replacing them
+    repeated = tmp_path / "repeated"
+    r = CliRunner().invoke(_app(), [str(repeated) if a == str(out) else a for a in args]
+                           + ["--only", "vt:2K", "--only", "niah_single_1:1K", "--only-methods", "direct", "--only-methods", "memagent"])
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(x) for x in (repeated / "results.jsonl").read_text().splitlines()]
+    assert sorted({(x["method"], x["task"], x["length"]) for x in rows}) == [
+        ("direct", "niah_single_1", 1024), ("direct", "vt", 2048), ("memagent", "niah_single_1", 1024), ("memagent", "vt", 2048)]
+    assert len(rows) == 4 * 2
 
 
 def test_eval_exits_1_when_a_sample_failed(tmp_path):

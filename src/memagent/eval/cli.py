@@ -80,8 +80,8 @@ def eval_command(
     data_root: Optional[Path] = typer.Option(None, "--data-root", help="data folder (default: $MEMAGENT_DATA, else ../shared/data)"),
     retry_errors: bool = typer.Option(False, "--retry-errors", help="re-run samples whose earlier row is an error"),
     no_report: bool = typer.Option(False, "--no-report", help="skip writing summary.md/csv/png at the end"),
-    only: Optional[str] = typer.Option(None, "--only", help="run only these cells now, e.g. 'vt:8K,hotpotqa' (task[:length], comma-separated); the rest stay for a later call"),
-    only_methods: Optional[str] = typer.Option(None, "--only-methods", help="run only these of the grid's methods now, e.g. 'direct' (comma-separated names); the rest stay for a later call"),
+    only: Optional[list[str]] = typer.Option(None, "--only", help="run only these cells now, e.g. 'vt:8K,hotpotqa' (task[:length], comma-separated or the flag repeated); the rest stay for a later call"),
+    only_methods: Optional[list[str]] = typer.Option(None, "--only-methods", help="run only these of the grid's methods now, e.g. 'direct' (comma-separated names or the flag repeated); the rest stay for a later call"),
     agent_config=None, backend_options=None,
 ):
     """Evaluate methods over tasks and lengths; resumable (re-run the same command to continue)."""
@@ -106,8 +106,9 @@ def eval_command(
             cfg = _flags_config(tasks, lengths, methods, samples, output or Path("runs/eval"), agent_config,
                                 backend_options, max_input_tokens, max_new_tokens, data_root)
         runner = EvalRunner(cfg, log=lambda msg: typer.echo(msg, err=True), retry_errors=retry_errors)
-        results = runner.run(_parse_only(only) if only is not None else None,
-                             [x.strip() for x in only_methods.split(",") if x.strip()] if only_methods is not None else None)
+        # a repeated flag adds to the earlier ones (it used to replace them silently)
+        results = runner.run(_parse_only(",".join(only)) if only else None,
+                             [x.strip() for x in ",".join(only_methods).split(",") if x.strip()] if only_methods else None)
         typer.echo(str(results))
         if not no_report:
             for p in write_report([cfg.output], tokenizer=runner.tokenizer):
