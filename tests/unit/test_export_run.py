@@ -135,3 +135,77 @@ def test_export_command_reports_refusals(tmp_path):
     res = CliRunner().invoke(app, ["export", str(tmp_path), "--out", str(tmp_path / "o")])
     assert res.exit_code == 2
     assert "holds no trained policy" in res.output
+
+
+def _lora_checkpoint(path, adapter, step=3):
+    """A checkpoint shaped as memagent train writes one for a LoRA run (model.adapter keyed by live peft names)."""
+    lora = {"enabled": True, "rank": 4, "alpha": 8.0, "dropout": 0.0,
+            "target_modules": ("q_proj", "k_proj", "v_proj", "o_proj", "up_proj"), "init_from": None}
+    torch.save({"step": step, "lora": lora, "model": {"adapter": adapter, "base_fingerprint": "x"}}, path)
+
+
+def _live_adapter(run):
+    """The run's saved adapter under the names a live peft model gives its parameters (adapter 'default')."""
+    from safetensors.torch import load_file
+
+    saved = load_file(run / "adapter" / "adapter_model.safetensors")
+    return {k.replace(".weight", ".default.weight"): v for k, v in saved.items()}
+
+
+def test_a_kept_step_exports_the_same_bytes_as_the_same_adapter(lora_run, tmp_path):
+    pytest.importorskip("gguf")
+    run, _, _ = lora_run
+    (run / "checkpoints").mkdir(exist_ok=True)
+    _lora_checkpoint(run / "checkpoints" / "step_000003.pt", _live_adapter(run))
+    newest = export_run(run, tmp_path / "newest", "lora-gguf", "f16")
+    step3 = export_run(run, tmp_path / "step3", "lora-gguf", "f16", checkpoint=3)
+    by_path = export_run(run, tmp_path / "path", "lora-gguf", "f16", checkpoint=str(run / "checkpoints" / "step_000003.pt"))
+    with open(newest, "rb") as a, open(step3, "rb") as b, open(by_path, "rb") as c:
+        assert a.read() == b.read() == c.read()
+
+
+def test_a_kept_step_with_a_zero_adapter_exports_the_base_model(lora_run, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    run, _, base_logits = lora_run
+    zero = {k: torch.zeros_like(v) if ".lora_B." in k else v for k, v in _live_adapter(run).items()}
+    _lora_checkpoint(tmp_path / "zero.pt", zero)
+    out = export_run(run, tmp_path / "hf", "hf", checkpoint=tmp_path / "zero.pt")
+    with torch.no_grad():
+        got = AutoModelForCausalLM.from_pretrained(out)(IDS).logits
+    torch.testing.assert_close(got, base_logits, rtol=0, atol=1e-5)
+
+
+def test_a_full_fine_tuning_checkpoint_exports_its_weights(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from memagent.train.tiny import make_tiny_model, make_tiny_tokenizer, save_tiny
+
+    run = tmp_path / "run"
+    _config(run, seed=1)
+    save_tiny(run / "policy", seed=1)
+    trained = make_tiny_model(make_tiny_tokenizer(), seed=2)  # other weights than the run's base (seed 1)
+    (run / "checkpoints").mkdir()
+    torch.save({"step": 4, "model": trained.state_dict()}, run / "checkpoints" / "step_000004.pt")
+    out = export_run(run, tmp_path / "hf", "hf", checkpoint="4")
+    with torch.no_grad():
+        got = AutoModelForCausalLM.from_pretrained(out)(IDS).logits
+        want = trained(IDS).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_missing_and_foreign_checkpoints_are_refused(lora_run, tmp_path):
+    run, _, _ = lora_run
+    (run / "checkpoints").mkdir(exist_ok=True)
+    _lora_checkpoint(run / "checkpoints" / "step_000003.pt", _live_adapter(run))
+    with pytest.raises(ConfigError, match=r"step_000007.pt does not exist; the run kept steps \[3\]"):
+        export_run(run, tmp_path / "a", "lora-gguf", checkpoint=7)
+    with pytest.raises(ConfigError, match="neither a step number nor a checkpoint file"):
+        export_run(run, tmp_path / "b", "lora-gguf", checkpoint="last")
+    torch.save({"weights": 1}, tmp_path / "other.pt")
+    with pytest.raises(ConfigError, match="not a memagent training checkpoint"):
+        export_run(run, tmp_path / "c", "lora-gguf", checkpoint=tmp_path / "other.pt")
+    (tmp_path / "junk.pt").write_text("not a pickle")
+    with pytest.raises(ConfigError, match="cannot be read"):
+        export_run(run, tmp_path / "d", "lora-gguf", checkpoint=tmp_path / "junk.pt")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "d").exists()  # nothing half-written

@@ -1,4 +1,4 @@
-"""``memagent export RUN_DIR --out DIR [--format hf|gguf|lora-gguf]``."""
+"""``memagent export RUN_DIR --out DIR [--format hf|gguf|lora-gguf] [--checkpoint STEP]``."""
 
 from __future__ import annotations
 
@@ -16,12 +16,14 @@ def export_command(
     fmt: str = typer.Option("hf", "--format", "-f", help="hf (model directory, LoRA merged) | gguf (OUT/model.gguf "
                             "for llama.cpp) | lora-gguf (OUT/adapter.gguf, llama.cpp's LoRA format)"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="tensor type f16 | f32; default f16 for gguf (a model's norms stay f32), f32 for lora-gguf (the adapter exactly; f16 halves the file)"),
+    checkpoint: Optional[str] = typer.Option(None, "--checkpoint", "-c", help="export a kept step instead of the "
+                                             "newest policy: a step number (RUN_DIR/checkpoints/step_*.pt) or a checkpoint file"),
 ) -> None:
-    """Export a run's trained policy as an HF model directory, a GGUF, or a llama.cpp LoRA adapter."""
+    """Export a run's trained policy (or an earlier kept step) as an HF model directory, a GGUF, or a llama.cpp LoRA adapter."""
     from memagent.export.run import export_run
 
     try:
-        written = export_run(run_dir, out, fmt, dtype)
+        written = export_run(run_dir, out, fmt, dtype, checkpoint)
     except MemagentError as e:
         typer.secho(f"error: {e}", fg="red", err=True)
         raise typer.Exit(2) from e

@@ -17,12 +17,19 @@ Formats (``--format``):
 - ``gguf``: ``model.gguf`` for llama.cpp (``memagent run --backend llamacpp --model OUT/model.gguf``); its
   tokenizer and metadata come from the base GGUF, so the base must be a GGUF (``smollm2`` or a ``.gguf``).
 - ``lora-gguf``: the adapter alone, ``adapter.gguf``, in llama.cpp's LoRA format (LoRA runs only).
+
+An earlier step (``--checkpoint``): the trainer keeps its newest checkpoints as ``checkpoints/step_*.pt``
+(``run.save_every``, ``run.keep_checkpoints``) but only the newest policy in ``adapter/`` or ``policy/``.
+:func:`checkpoint_policy` turns one checkpoint into such a folder (the adapter, or the full weights over the
+run's base), so every format exports any kept step.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import tempfile
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -65,13 +72,7 @@ def find_policy(run_dir: str | os.PathLike) -> RunPolicy:
             what it holds instead), or an ``adapter/`` lacks its files or a known base model.
     """
     run = os.fspath(run_dir)
-    if not os.path.isdir(run):
-        raise ConfigError(f"run folder not found: {run!r}")
-    cfg: dict[str, Any] = {}
-    cfg_path = os.path.join(run, "config.json")
-    if os.path.isfile(cfg_path):
-        with open(cfg_path, encoding="utf-8") as f:
-            cfg = json.load(f)
+    cfg = run_config(run)
     base = (cfg.get("model") or {}).get("path")
     seed = int((cfg.get("run") or {}).get("seed", 0))
     adapter, policy = os.path.join(run, "adapter"), os.path.join(run, "policy")
@@ -92,7 +93,8 @@ def find_policy(run_dir: str | os.PathLike) -> RunPolicy:
         return RunPolicy("full", policy, base, seed)
     held = sorted(os.listdir(run))
     hint = (" It has checkpoints/ only: a run stopped before its last step; resume it to the end "
-            "(memagent train with the same config) to get policy/.") if "checkpoints" in held else ""
+            "(memagent train with the same config) to get policy/, or export a kept step with --checkpoint STEP.") \
+        if "checkpoints" in held else ""
     raise ConfigError(f"{run} holds no trained policy: expected policy/ (an HF model directory, written when "
                       f"training finishes) or adapter/ (a peft LoRA adapter); it holds {held or 'nothing'}.{hint}")
 
@@ -150,7 +152,115 @@ def _base_shape(policy: RunPolicy):
     return LlamaShape.from_hf_config(load_base(policy)[0].config)
 
 
-def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str = "hf", dtype: str | None = None) -> str:
+def checkpoint_file(run_dir: str | os.PathLike, checkpoint: str | int) -> str:
+    """The checkpoint file that ``checkpoint`` names: a step number (``8`` or ``"8"``: the run's
+    ``checkpoints/step_000008.pt``) or a path to a ``.pt`` file.
+
+    Raises:
+        ConfigError: no such file (for a step, the message lists the steps the run kept).
+    """
+    text = str(checkpoint)
+    if text.isdigit():
+        folder = os.path.join(os.fspath(run_dir), "checkpoints")
+        path = os.path.join(folder, f"step_{int(text):06d}.pt")
+        if not os.path.isfile(path):
+            kept = sorted(int(m.group(1)) for f in (os.listdir(folder) if os.path.isdir(folder) else [])
+                          if (m := re.fullmatch(r"step_(\d+)\.pt", f)))
+            raise ConfigError(f"--checkpoint {text}: {path} does not exist; the run kept steps {kept or 'none'} "
+                              "(run.save_every and run.keep_checkpoints decide which)")
+        return path
+    if not os.path.isfile(text):
+        raise ConfigError(f"--checkpoint {text!r} is neither a step number nor a checkpoint file")
+    return text
+
+
+def _peft_file_name(name: str, adapter: str = "default") -> str:
+    """A live peft parameter name (``...q_proj.lora_A.default.weight``) as peft's files store it
+    (``...q_proj.lora_A.weight``)."""
+    return re.sub(rf"(\.lora_\w+?)\.{re.escape(adapter)}(\.\w+)$", r"\1\2", name)
+
+
+def checkpoint_policy(run_dir: str | os.PathLike, checkpoint: str | int, workdir: str) -> RunPolicy:
+    """Write the policy that one training checkpoint holds as a run's policy folder under ``workdir``.
+
+    A LoRA checkpoint (``{"lora": settings, "model": {"adapter": {live peft name: tensor}}}``, see
+    :mod:`memagent.train.lora`) becomes ``workdir/adapter/`` (peft's ``adapter_config.json`` from the
+    checkpoint's own LoRA settings and ``adapter_model.safetensors``); a full fine-tuning one (``"model"``: the
+    whole state dict) becomes ``workdir/policy/``, its weights loaded over the run's base model (``model.path``
+    of ``config.json``) and saved with the base's tokenizer. The base fingerprint the checkpoint records is not
+    compared: the run's ``config.json`` names the base it was trained on.
+
+    Args:
+        run_dir: the run folder; its ``config.json`` names the base model.
+        checkpoint: a step number or a checkpoint path (:func:`checkpoint_file`).
+        workdir: an existing directory to write into (e.g. a temporary one).
+
+    Returns:
+        The :class:`RunPolicy` of the written folder.
+
+    Raises:
+        ConfigError: no such checkpoint, a file that is not a memagent training checkpoint, or a base that
+            cannot be loaded (full fine-tuning).
+    """
+    import torch
+
+    path = checkpoint_file(run_dir, checkpoint)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001 - pickle, zip and EOF errors alike
+        raise ConfigError(f"--checkpoint {path!r} cannot be read ({type(e).__name__}: {e})") from e
+    model_state = state.get("model") if isinstance(state, dict) else None
+    if not isinstance(model_state, dict) or not model_state:
+        raise ConfigError(f"--checkpoint {path!r} is not a memagent training checkpoint (no model state in it)")
+    run_cfg = run_config(run_dir)
+    base = (run_cfg.get("model") or {}).get("path")
+    seed = int((run_cfg.get("run") or {}).get("seed", 0))
+    lora = state.get("lora")
+    if "adapter" in model_state:
+        if not isinstance(lora, dict):
+            raise ConfigError(f"--checkpoint {path!r} holds an adapter but no LoRA settings ('lora'); it was not "
+                              "written by memagent train")
+        if not base:
+            raise ConfigError(f"{os.fspath(run_dir)} has no config.json naming model.path, the base model of "
+                              f"--checkpoint {path!r}")
+        from peft import LoraConfig
+        from safetensors.torch import save_file
+
+        folder = os.path.join(workdir, "adapter")
+        LoraConfig(r=int(lora["rank"]), lora_alpha=float(lora["alpha"]), lora_dropout=float(lora.get("dropout", 0.0)),
+                   target_modules=list(lora["target_modules"]), bias="none", task_type="CAUSAL_LM").save_pretrained(folder)
+        tensors = {_peft_file_name(k): v.detach().contiguous() for k, v in model_state["adapter"].items()}
+        save_file(tensors, os.path.join(folder, "adapter_model.safetensors"), metadata={"format": "pt"})
+        return RunPolicy("lora", folder, base, seed)
+    model, tok = load_base(RunPolicy("full", path, base, seed))
+    try:
+        model.load_state_dict(model_state)
+    except RuntimeError as e:
+        raise ConfigError(f"--checkpoint {path!r} does not fit the run's base model {base!r}: {e}") from e
+    folder = os.path.join(workdir, "policy")
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return RunPolicy("full", folder, base, seed)
+
+
+def run_config(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """The run's training config (``config.json``), ``{}`` when it has none.
+
+    Raises:
+        ConfigError: the run folder does not exist.
+    """
+    run = os.fspath(run_dir)
+    if not os.path.isdir(run):
+        raise ConfigError(f"run folder not found: {run!r}")
+    cfg_path = os.path.join(run, "config.json")
+    if not os.path.isfile(cfg_path):
+        return {}
+    with open(cfg_path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str = "hf", dtype: str | None = None,
+               checkpoint: str | int | None = None) -> str:
     """Export a run's trained policy.
 
     Args:
@@ -159,22 +269,33 @@ def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str 
         fmt: ``"hf"``, ``"gguf"`` or ``"lora-gguf"``.
         dtype: GGUF tensor type, ``"f16"`` or ``"f32"`` (``None``: f16 for ``gguf``, f32 for ``lora-gguf``, which
             keeps the adapter exactly; ``hf`` writes float32).
+        checkpoint: export this kept step instead of the run's newest policy: a step number or a checkpoint
+            path (:func:`checkpoint_policy`); ``None``: ``adapter/`` or ``policy/``.
 
     Returns:
         What was written: the HF directory, ``OUT/model.gguf`` or ``OUT/adapter.gguf``.
 
     Raises:
         ConfigError: an unknown format, a non-empty ``out_dir``, a run without a policy, ``lora-gguf`` for a
-            run trained without LoRA, ``gguf`` for a base that is not a GGUF, or as the writers.
+            run trained without LoRA, ``gguf`` for a base that is not a GGUF, a checkpoint that is missing or
+            not a training checkpoint, or as the writers.
     """
     if fmt not in FORMATS:
         raise ConfigError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     out = os.fspath(out_dir)
     if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
         raise ConfigError(f"--out {out!r} exists and is not an empty directory; choose a new folder")
-    policy = find_policy(run_dir)
+    if checkpoint is None:
+        return _export_policy(find_policy(run_dir), out, fmt, dtype, os.fspath(run_dir))
+    with tempfile.TemporaryDirectory(prefix="memagent-export-") as work:
+        return _export_policy(checkpoint_policy(run_dir, checkpoint, work), out, fmt, dtype,
+                              f"{os.fspath(run_dir)} (checkpoint {checkpoint})")
+
+
+def _export_policy(policy: RunPolicy, out: str, fmt: str, dtype: str | None, run_name: str) -> str:
+    """:func:`export_run` once the policy folder is known."""
     if fmt == "lora-gguf" and policy.kind != "lora":
-        raise ConfigError(f"{os.fspath(run_dir)} was trained without LoRA (policy/ holds the full weights), so there "
+        raise ConfigError(f"{run_name} was trained without LoRA (policy/ holds the full weights), so there "
                           "is no adapter to export; use --format hf or --format gguf")
     base_gguf = policy.base_gguf()
     if fmt == "gguf" and base_gguf is None:
