@@ -152,16 +152,30 @@ def _live_adapter(run):
     return {k.replace(".weight", ".default.weight"): v for k, v in saved.items()}
 
 
-def test_a_kept_step_exports_the_same_bytes_as_the_same_adapter(lora_run, tmp_path):
+def test_a_kept_step_exports_its_own_adapter_not_the_newest(lora_run, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
     pytest.importorskip("gguf")
     run, _, _ = lora_run
+    doubled = {k: 2 * v for k, v in _live_adapter(run).items()}  # step 3 differs from adapter/
     (run / "checkpoints").mkdir(exist_ok=True)
-    _lora_checkpoint(run / "checkpoints" / "step_000003.pt", _live_adapter(run))
+    _lora_checkpoint(run / "checkpoints" / "step_000003.pt", doubled)
+    twin = tmp_path / "twin"  # the same run with the doubled adapter as its newest policy
+    shutil.copytree(run, twin, ignore=shutil.ignore_patterns("checkpoints"))
+    saved = load_file(run / "adapter" / "adapter_model.safetensors")
+    save_file({k: 2 * v for k, v in saved.items()}, twin / "adapter" / "adapter_model.safetensors")
+    want = export_run(twin, tmp_path / "want", "lora-gguf", "f16")
     newest = export_run(run, tmp_path / "newest", "lora-gguf", "f16")
     step3 = export_run(run, tmp_path / "step3", "lora-gguf", "f16", checkpoint=3)
+    by_name = export_run(run, tmp_path / "name", "lora-gguf", "f16", checkpoint="step_000003.pt")
     by_path = export_run(run, tmp_path / "path", "lora-gguf", "f16", checkpoint=str(run / "checkpoints" / "step_000003.pt"))
-    with open(newest, "rb") as a, open(step3, "rb") as b, open(by_path, "rb") as c:
-        assert a.read() == b.read() == c.read()
+    with open(want, "rb") as a, open(step3, "rb") as b, open(by_name, "rb") as c, open(by_path, "rb") as d, \
+            open(newest, "rb") as e:
+        got = b.read()
+        assert a.read() == got == c.read() == d.read()
+        assert e.read() != got
 
 
 def test_a_kept_step_with_a_zero_adapter_exports_the_base_model(lora_run, tmp_path):
@@ -200,7 +214,9 @@ def test_missing_and_foreign_checkpoints_are_refused(lora_run, tmp_path):
     _lora_checkpoint(run / "checkpoints" / "step_000003.pt", _live_adapter(run))
     with pytest.raises(ConfigError, match=r"step_000007.pt does not exist; the run kept steps \[3\]"):
         export_run(run, tmp_path / "a", "lora-gguf", checkpoint=7)
-    with pytest.raises(ConfigError, match="neither a step number nor a checkpoint file"):
+    with pytest.raises(ConfigError, match="run folder not found"):
+        export_run(tmp_path / "nope", tmp_path / "a", "lora-gguf", checkpoint=3)
+    with pytest.raises(ConfigError, match="neither a step number, nor a file"):
         export_run(run, tmp_path / "b", "lora-gguf", checkpoint="last")
     torch.save({"weights": 1}, tmp_path / "other.pt")
     with pytest.raises(ConfigError, match="not a memagent training checkpoint"):
@@ -208,4 +224,21 @@ def test_missing_and_foreign_checkpoints_are_refused(lora_run, tmp_path):
     (tmp_path / "junk.pt").write_text("not a pickle")
     with pytest.raises(ConfigError, match="cannot be read"):
         export_run(run, tmp_path / "d", "lora-gguf", checkpoint=tmp_path / "junk.pt")
-    assert not (tmp_path / "a").exists() and not (tmp_path / "d").exists()  # nothing half-written
+    torch.save({"config": {"model": {"path": "smollm2"}}, "lora": {}, "model": {"adapter": {}}}, tmp_path / "x.pt")
+    with pytest.raises(ConfigError, match="trained on model.path 'smollm2', but .* names 'tiny'"):
+        export_run(run, tmp_path / "e", "lora-gguf", checkpoint=tmp_path / "x.pt")
+    assert not any((tmp_path / n).exists() for n in "abcde")  # nothing half-written
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".memagent-export-")]  # temporary folders gone
+
+
+def test_a_full_checkpoint_is_refused_as_lora_gguf_before_any_loading(tmp_path):
+    run = tmp_path / "run"
+    _config(run, base="no-such-base")  # loading this base would fail with another message
+    (run / "checkpoints").mkdir()
+    torch.save({"step": 2, "model": {"w": torch.zeros(1)}}, run / "checkpoints" / "step_000002.pt")
+    with pytest.raises(ConfigError, match=r"--checkpoint .*step_000002.pt' was trained without LoRA"):
+        export_run(run, tmp_path / "o", "lora-gguf", checkpoint="02")
+    with pytest.raises(ConfigError, match="base is 'no-such-base'"):
+        export_run(run, tmp_path / "o", "gguf", checkpoint=2)
+    with pytest.raises(ConfigError, match="not a local file or directory"):
+        export_run(run, tmp_path / "o", "hf", checkpoint=2)

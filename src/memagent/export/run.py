@@ -153,15 +153,17 @@ def _base_shape(policy: RunPolicy):
 
 
 def checkpoint_file(run_dir: str | os.PathLike, checkpoint: str | int) -> str:
-    """The checkpoint file that ``checkpoint`` names: a step number (``8`` or ``"8"``: the run's
-    ``checkpoints/step_000008.pt``) or a path to a ``.pt`` file.
+    """The checkpoint file that ``checkpoint`` names: a step number (``8``, ``"8"`` or ``"08"``: the run's
+    ``checkpoints/step_000008.pt``), a path to a ``.pt`` file, or a file name inside the run's ``checkpoints/``.
 
     Raises:
-        ConfigError: no such file (for a step, the message lists the steps the run kept).
+        ConfigError: the run folder does not exist, or no such file (for a step, the message lists the steps the
+            run kept).
     """
+    run_config(run_dir)  # the run folder must exist
     text = str(checkpoint)
-    if text.isdigit():
-        folder = os.path.join(os.fspath(run_dir), "checkpoints")
+    folder = os.path.join(os.fspath(run_dir), "checkpoints")
+    if re.fullmatch(r"[0-9]+", text):
         path = os.path.join(folder, f"step_{int(text):06d}.pt")
         if not os.path.isfile(path):
             kept = sorted(int(m.group(1)) for f in (os.listdir(folder) if os.path.isdir(folder) else [])
@@ -169,9 +171,11 @@ def checkpoint_file(run_dir: str | os.PathLike, checkpoint: str | int) -> str:
             raise ConfigError(f"--checkpoint {text}: {path} does not exist; the run kept steps {kept or 'none'} "
                               "(run.save_every and run.keep_checkpoints decide which)")
         return path
-    if not os.path.isfile(text):
-        raise ConfigError(f"--checkpoint {text!r} is neither a step number nor a checkpoint file")
-    return text
+    for path in (text, os.path.join(folder, text)):
+        if os.path.isfile(path):
+            return path
+    raise ConfigError(f"--checkpoint {text!r} is neither a step number, nor a file (read from the current folder), "
+                      f"nor a file in {folder}")
 
 
 def _peft_file_name(name: str, adapter: str = "default") -> str:
@@ -180,33 +184,49 @@ def _peft_file_name(name: str, adapter: str = "default") -> str:
     return re.sub(rf"(\.lora_\w+?)\.{re.escape(adapter)}(\.\w+)$", r"\1\2", name)
 
 
-def checkpoint_policy(run_dir: str | os.PathLike, checkpoint: str | int, workdir: str) -> RunPolicy:
+def _refuse_format(policy: RunPolicy, fmt: str, what: str) -> None:
+    """Refuse a format the policy cannot be written in, before any weights are loaded or written.
+
+    Raises:
+        ConfigError: ``lora-gguf`` for full weights, ``gguf`` for a base that is not a GGUF.
+    """
+    if fmt == "lora-gguf" and policy.kind != "lora":
+        raise ConfigError(f"{what} was trained without LoRA (it holds the full weights), so there is no adapter to "
+                          "export; use --format hf or --format gguf")
+    if fmt == "gguf" and policy.base_gguf() is None:
+        raise ConfigError(f"--format gguf copies the tokenizer and metadata of the base GGUF, but this run's base is "
+                          f"{policy.base!r}; export --format hf and convert that with llama.cpp's convert_hf_to_gguf.py")
+
+
+def checkpoint_policy(run_dir: str | os.PathLike, checkpoint: str | int, workdir: str, fmt: str | None = None) -> RunPolicy:
     """Write the policy that one training checkpoint holds as a run's policy folder under ``workdir``.
 
     A LoRA checkpoint (``{"lora": settings, "model": {"adapter": {live peft name: tensor}}}``, see
     :mod:`memagent.train.lora`) becomes ``workdir/adapter/`` (peft's ``adapter_config.json`` from the
     checkpoint's own LoRA settings and ``adapter_model.safetensors``); a full fine-tuning one (``"model"``: the
     whole state dict) becomes ``workdir/policy/``, its weights loaded over the run's base model (``model.path``
-    of ``config.json``) and saved with the base's tokenizer. The base fingerprint the checkpoint records is not
-    compared: the run's ``config.json`` names the base it was trained on.
+    of ``config.json``) and saved in float32 with the base's tokenizer. The checkpoint is memory-mapped, so its
+    optimizer state is not read. A checkpoint whose own config names another ``model.path`` than the run's is
+    refused; the base fingerprint it records is not recomputed.
 
     Args:
         run_dir: the run folder; its ``config.json`` names the base model.
         checkpoint: a step number or a checkpoint path (:func:`checkpoint_file`).
         workdir: an existing directory to write into (e.g. a temporary one).
+        fmt: the export format, checked against the checkpoint's kind before anything is written.
 
     Returns:
         The :class:`RunPolicy` of the written folder.
 
     Raises:
-        ConfigError: no such checkpoint, a file that is not a memagent training checkpoint, or a base that
-            cannot be loaded (full fine-tuning).
+        ConfigError: no such checkpoint, a file that is not a memagent training checkpoint, one made on another
+            base model than the run's, a format it cannot be written in, or a base that cannot be loaded.
     """
     import torch
 
     path = checkpoint_file(run_dir, checkpoint)
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
     except Exception as e:  # noqa: BLE001 - pickle, zip and EOF errors alike
         raise ConfigError(f"--checkpoint {path!r} cannot be read ({type(e).__name__}: {e})") from e
     model_state = state.get("model") if isinstance(state, dict) else None
@@ -215,14 +235,22 @@ def checkpoint_policy(run_dir: str | os.PathLike, checkpoint: str | int, workdir
     run_cfg = run_config(run_dir)
     base = (run_cfg.get("model") or {}).get("path")
     seed = int((run_cfg.get("run") or {}).get("seed", 0))
-    lora = state.get("lora")
-    if "adapter" in model_state:
+    own = ((state.get("config") or {}).get("model") or {}).get("path")
+    if own and base and own != base:
+        raise ConfigError(f"--checkpoint {path!r} was trained on model.path {own!r}, but {os.fspath(run_dir)}'s "
+                          f"config.json names {base!r}; give the checkpoint's own run folder")
+    base = base or own
+    if not base:
+        raise ConfigError(f"{os.fspath(run_dir)} has no config.json naming model.path, the base model of "
+                          f"--checkpoint {path!r}")
+    kind = "lora" if "adapter" in model_state else "full"
+    if fmt is not None:
+        _refuse_format(RunPolicy(kind, path, base, seed), fmt, f"--checkpoint {path!r}")
+    if kind == "lora":
+        lora = state.get("lora")
         if not isinstance(lora, dict):
             raise ConfigError(f"--checkpoint {path!r} holds an adapter but no LoRA settings ('lora'); it was not "
                               "written by memagent train")
-        if not base:
-            raise ConfigError(f"{os.fspath(run_dir)} has no config.json naming model.path, the base model of "
-                              f"--checkpoint {path!r}")
         from peft import LoraConfig
         from safetensors.torch import save_file
 
@@ -287,20 +315,16 @@ def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str 
         raise ConfigError(f"--out {out!r} exists and is not an empty directory; choose a new folder")
     if checkpoint is None:
         return _export_policy(find_policy(run_dir), out, fmt, dtype, os.fspath(run_dir))
-    with tempfile.TemporaryDirectory(prefix="memagent-export-") as work:
-        return _export_policy(checkpoint_policy(run_dir, checkpoint, work), out, fmt, dtype,
-                              f"{os.fspath(run_dir)} (checkpoint {checkpoint})")
+    parent = os.path.dirname(os.path.abspath(out))  # a full model's temporary copy on the output's disk
+    with tempfile.TemporaryDirectory(prefix=".memagent-export-", dir=parent if os.path.isdir(parent) else None) as work:
+        return _export_policy(checkpoint_policy(run_dir, checkpoint, work, fmt), out, fmt, dtype,
+                              f"--checkpoint {checkpoint!r}")
 
 
 def _export_policy(policy: RunPolicy, out: str, fmt: str, dtype: str | None, run_name: str) -> str:
     """:func:`export_run` once the policy folder is known."""
-    if fmt == "lora-gguf" and policy.kind != "lora":
-        raise ConfigError(f"{run_name} was trained without LoRA (policy/ holds the full weights), so there "
-                          "is no adapter to export; use --format hf or --format gguf")
+    _refuse_format(policy, fmt, run_name)
     base_gguf = policy.base_gguf()
-    if fmt == "gguf" and base_gguf is None:
-        raise ConfigError(f"--format gguf copies the tokenizer and metadata of the base GGUF, but this run's base is "
-                          f"{policy.base!r}; export --format hf and convert that with llama.cpp's convert_hf_to_gguf.py")
     os.makedirs(out, exist_ok=True)
     if fmt == "lora-gguf":
         from safetensors.torch import load_file
