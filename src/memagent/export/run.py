@@ -160,7 +160,8 @@ def checkpoint_file(run_dir: str | os.PathLike, checkpoint: str | int) -> str:
         ConfigError: the run folder does not exist, or no such file (for a step, the message lists the steps the
             run kept).
     """
-    run_config(run_dir)  # the run folder must exist
+    if not os.path.isdir(run_dir):
+        raise ConfigError(f"run folder not found: {os.fspath(run_dir)!r}")
     text = str(checkpoint)
     folder = os.path.join(os.fspath(run_dir), "checkpoints")
     if re.fullmatch(r"[0-9]+", text):
