@@ -90,10 +90,16 @@ def _open_for_writing(path: Path | None, flag: str, append: bool = False):
         raise MemagentError(f"cannot write {flag} {path}: {e.strerror}") from None
 
 
-def _run_settings(b, agent) -> dict:
-    """What a prediction depends on (besides the sample): recorded in every row, compared by ``--resume``."""
+def _run_settings(b, agent, lora_path: str | None = None) -> dict:
+    """What a prediction depends on (besides the sample): recorded in every row, compared by ``--resume``. A
+    LoRA adapter enters by the sha256 of its bytes too (the backend's name gives only its path), so another
+    adapter copied over the same path is refused on resume."""
+    from memagent.policies import adapter_sha256
+
+    adapter = adapter_sha256(lora_path)
     return {"backend": b.name, **agent.config.prediction_settings(), "templates": agent.templates.hash,
-            "tokenizer": getattr(agent.tokenizer, "name", type(agent.tokenizer).__name__)}
+            "tokenizer": getattr(agent.tokenizer, "name", type(agent.tokenizer).__name__),
+            **({"lora_sha256": adapter} if adapter else {})}
 
 
 def _resume(output: Path, trace: Path | None, settings: dict) -> set[str]:
@@ -150,7 +156,7 @@ def run(
             agent = MemoryAgent(b, agent_config, tokenizer=tok, keep_token_ids=False)
             for s in samples:  # every budget before any output file is touched
                 agent.check_budget(s.question, s.id)
-            settings = _run_settings(b, agent)
+            settings = _run_settings(b, agent, backend_options.lora_path)
             if output:  # held from the resume check to the last row written
                 held.enter_context(output_lock(output, lambda m: typer.echo(m, err=True)))
             if resume:  # again under the lock: a run that finished meanwhile is not run twice
@@ -280,13 +286,16 @@ def demo(
 
     With ``--ruler TASK --lora ruler-niah``: a RULER document read by the untrained model and by the trained
     policy shipped in the package, their memories side by side after every chunk."""
+    try:  # checked before any model loads: a bad --trace must not cost the whole reading
+        _check_paths({}, {"--trace": trace})
+    except MemagentError as e:
+        _fail(e)
     agent_config = _with_policy(agent_config, backend_options, DEMO_DEFAULTS)
     if ruler is not None:
         return _demo_ruler(ruler, target_tokens, index, data_root, trace, agent_config, backend_options)
     from memagent.agent.loop import MemoryAgent
     from memagent.chunking import chunk_text
     from memagent.data.hotpotqa import demo_sample
-    from memagent.runfiles import write_trace
     from memagent.verifiers import sub_em
 
     chunk_tokens, memory_tokens, seed = agent_config.chunk_tokens, agent_config.memory_tokens, agent_config.seed
@@ -320,9 +329,9 @@ def demo(
         b.close()
     except MemagentError as e:
         _fail(e)
-    if trace:
-        write_trace(trace, [traj])
     if traj.error:
+        if trace:
+            _write_demo_trace(trace, [traj])
         _fail(MemagentError(traj.error))
     typer.secho("--- final answer turn ---", fg="cyan")
     typer.echo(traj.response)
@@ -333,20 +342,25 @@ def demo(
     verdict = sub_em(traj.answer, list(sample.answers))
     typer.echo(f"Verdict (sub-EM, the paper's accuracy metric): {'correct' if verdict else 'wrong'}")
     typer.echo(f"{len(traj.turns)} calls, {traj.seconds:.1f} s of model time")
+    if trace:
+        _write_demo_trace(trace, [traj])
 
 
 def _with_policy(agent_config, backend_options, defaults: dict | None = None):
-    """``--lora NAME`` of a packaged policy: its trained agent settings for the options left at their defaults
-    (its base model is loaded by the backend factory when ``--model`` is not given)."""
+    """``--lora NAME`` of a packaged policy: its trained agent settings for the options not given on the command
+    line (a value given explicitly wins, even when it equals the default; its base model is loaded by the
+    backend factory when ``--model`` is not given)."""
     import dataclasses
 
     from memagent.agent.config import AgentConfig
+    from memagent.options import given_options
     from memagent.policies import agent_overrides, base_model
 
     fields = [f.name for f in dataclasses.fields(AgentConfig)]
     base = {**{k: getattr(AgentConfig(), k) for k in fields}, **(defaults or {})}
     try:
-        changes = agent_overrides(backend_options.lora_path, {k: getattr(agent_config, k) for k in fields}, base)
+        changes = agent_overrides(backend_options.lora_path, {k: getattr(agent_config, k) for k in fields}, base,
+                                  given_options())
     except MemagentError as e:
         _fail(e)
     # the policy's base model, when no --model is given (the name was checked by agent_overrides)
@@ -366,11 +380,12 @@ def _demo_ruler(task, length, index, data_root, trace, agent_config, backend_opt
     from memagent.chunking import chunk_text
     from memagent.data.ruler import build_ruler_sample
     from memagent.eval.demo import Column, evidence_chunks, side_by_side
-    from memagent.runfiles import write_trace
 
     from memagent.policies import base_model
 
     try:  # the untrained column reads with the base model the policy's adapter goes on
+        if backend_options.lora_path:
+            backend_options.settings()  # an adapter the backend cannot load is named before the untrained run
         model = backend_options.model or base_model(backend_options.lora_path)
     except MemagentError as e:
         _fail(e)
@@ -396,9 +411,19 @@ def _demo_ruler(task, length, index, data_root, trace, agent_config, backend_opt
             columns.append(Column(label.split(":")[0], traj))
     except MemagentError as e:
         _fail(e)
-    if trace:
-        write_trace(trace, [c.trajectory for c in columns])
     side_by_side(columns, list(sample.answers), evidence_chunks(sample, chunks), echo=typer.echo)
+    if trace:
+        _write_demo_trace(trace, [c.trajectory for c in columns])
+
+
+def _write_demo_trace(trace: Path, trajectories: list) -> None:
+    """``demo --trace``: every turn as JSONL (a write that fails after the reading is an error naming the file)."""
+    from memagent.runfiles import write_trace
+
+    try:
+        write_trace(trace, trajectories)
+    except OSError as e:
+        _fail(MemagentError(f"cannot write --trace {trace}: {e.strerror}"))
 
 
 def _chunks_holding(sample, chunks) -> list[int]:

@@ -4,11 +4,13 @@
 the backend options (:class:`memagent.backends.factory.BackendOptions`) as options generated from those classes'
 fields (flag, help and lower bound declared with :func:`memagent.configtypes.setting`), so a setting added
 there is an option of every command at once. A command asks for them with :func:`with_settings`: its
-function receives one built settings object per group instead of the individual options.
+function receives one built settings object per group instead of the individual options, and
+:func:`given_options` tells it which of them were given explicitly (a packaged policy fills only the others).
 """
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import inspect
 import typing
@@ -18,6 +20,19 @@ from typing import Any
 import typer
 
 from memagent.errors import MemagentError
+
+
+#: Name of the context parameter :func:`with_settings` adds to a command (typer passes the click context).
+_CTX = "memagent_click_context"
+
+_GIVEN: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("memagent_given_options", default=frozenset())
+
+
+def given_options() -> frozenset[str]:
+    """Names of the settings (field names) the running command's user gave explicitly, on the command line or
+    through an environment variable, even where the value equals the default; empty outside a command made by
+    :func:`with_settings`."""
+    return _GIVEN.get()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,20 +134,39 @@ def with_settings(*groups: Group) -> Callable[[Callable], Callable]:
             raise TypeError(f"{func.__name__}: options {sorted(clash)} are declared twice")
 
         def command(**kwargs: Any) -> Any:
+            ctx = kwargs[own_ctx] if own_ctx else kwargs.pop(_CTX, None)
+            names = [f.name for g in groups for f in g.fields()]
+            given = frozenset(n for n in names if _given(ctx, n))
             try:
                 built = {g.param: g.build(kwargs) for g in groups}
             except MemagentError as e:
                 typer.secho(f"error: {e}", fg="red", err=True)
                 raise typer.Exit(2) from None
-            return func(**kwargs, **built)
+            token = _GIVEN.set(given)
+            try:
+                return func(**kwargs, **built)
+            finally:
+                _GIVEN.reset(token)
 
-        command.__signature__ = sig.replace(parameters=[p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + added)
-        command.__annotations__ = {p.name: p.annotation for p in [*own, *added]}
+        # typer hands its context to one parameter only: the command's own, if it has one, else one added here
+        own_ctx = next((p.name for p in own if p.annotation is typer.Context), None)
+        context = [] if own_ctx else [inspect.Parameter(_CTX, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)]
+        command.__signature__ = sig.replace(parameters=[p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own]
+                                            + added + context)
+        command.__annotations__ = {p.name: p.annotation for p in [*own, *added, *context]}
         command.__name__, command.__qualname__, command.__doc__ = func.__name__, func.__qualname__, func.__doc__
         command.__module__ = func.__module__
         return command
 
     return deco
+
+
+def _given(ctx: Any, name: str) -> bool:
+    """Whether option ``name`` was given (not taken from its default) in the click context ``ctx``; the source's
+    enum is compared by name, since typer may bring its own copy of click."""
+    get = getattr(ctx, "get_parameter_source", None)
+    source = get(name) if get is not None else None
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
 
 
 def agent_group(param: str = "agent_config", **kw: Any) -> Group:

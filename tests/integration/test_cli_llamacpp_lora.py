@@ -1,5 +1,6 @@
 """`memagent run|demo|eval` on the batched llama.cpp backend and with a LoRA adapter (SmolLM2-135M)."""
 
+import hashlib
 import json
 
 import pytest
@@ -87,3 +88,25 @@ def test_a_resume_with_another_adapter_is_refused(tmp_path, smollm2_lora, make_s
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(app, base + ["--lora", str(other), "--resume"])
     assert r.exit_code != 0 and "backend" in r.output and str(other) in r.output, r.output
+
+
+def test_a_resume_after_another_adapter_was_copied_over_the_same_path_is_refused(tmp_path, make_smollm2_lora):
+    """The backend's name records the adapter's path only; the rows' lora_sha256 catches a swapped file."""
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("".join(json.dumps({"id": k, "question": "What is the secret code?", "context": DOC}) + "\n"
+                           for k in ("a", "b")))
+    out, adapter = tmp_path / "preds.jsonl", tmp_path / "adapter.gguf"
+    make_smollm2_lora(adapter, seed=0)
+    base = ["run", "-o", str(out), "--lora", str(adapter), "--chunk-tokens", "100", "--memory-tokens", "16",
+            "--final-tokens", "8", "--n-ctx", "1024", "--temperature", "0", "--threads", "1"]
+    one = tmp_path / "one.jsonl"
+    one.write_text(inp.read_text().splitlines()[0] + "\n")
+    r = CliRunner().invoke(app, base + ["-i", str(one)])
+    assert r.exit_code == 0, r.output
+    row = json.loads(out.read_text())
+    assert row["settings"]["lora_sha256"] == hashlib.sha256(adapter.read_bytes()).hexdigest()
+    before = out.read_bytes()
+    make_smollm2_lora(adapter, seed=1)  # retrained, same path
+    r = CliRunner().invoke(app, base + ["-i", str(inp), "--resume"])
+    assert r.exit_code == 2 and "lora_sha256" in r.output, r.output
+    assert out.read_bytes() == before  # the rows already made are kept as they were

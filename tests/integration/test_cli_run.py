@@ -93,6 +93,30 @@ def test_demo_scripted_shows_memory_and_gold(data_root, tmp_path):
     assert [row["kind"] for row in rows] == ["update"] * 3 + ["final"]
 
 
+def test_demo_refuses_a_bad_trace_path_before_reading_and_creates_no_folder(data_root, tmp_path, monkeypatch):
+    import memagent.cli as cli
+
+    opened = []
+    monkeypatch.setattr(cli, "_open_backend", lambda *a, **k: opened.append(1))
+    r = _run("demo", "-b", "scripted", "--data-root", str(data_root), "--trace", str(tmp_path))
+    assert r.exit_code == 2 and f"--trace {tmp_path} is a folder; give a file path" in r.output, r.output
+    missing = tmp_path / "no" / "dir" / "t.jsonl"
+    r = _run("demo", "-b", "scripted", "--data-root", str(data_root), "--trace", str(missing))
+    assert r.exit_code == 2 and "folder" in r.output and "does not exist" in r.output, r.output
+    assert opened == [] and not (tmp_path / "no").exists()
+
+
+def test_a_policy_keeps_the_budgets_given_on_the_command_line_even_at_their_defaults(tmp_path):
+    doc = tmp_path / "doc.txt"
+    doc.write_text("text")
+    r = _run("run", "-b", "scripted", "--lora", "ruler-niah", "--chunk-tokens", "5000", "--memory-tokens", "1024",
+             "-q", "Who?", "-d", str(doc))  # refused by the scripted backend, after the policy's settings are shown
+    assert "policy ruler-niah: with the settings it was trained with: model=smollm2-f16, final_tokens=48, " \
+           "templates=default" in r.output, r.output
+    r = _run("run", "-b", "scripted", "--lora", "ruler-niah", "-q", "Who?", "-d", str(doc))
+    assert "model=smollm2-f16, chunk_tokens=512, memory_tokens=64, final_tokens=48, templates=default" in r.output
+
+
 def test_run_exit_status_1_when_a_sample_fails(tmp_path, monkeypatch):
     import memagent.cli as cli
     from memagent.backends.scripted import ScriptedBackend

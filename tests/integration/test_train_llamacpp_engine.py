@@ -71,7 +71,11 @@ def test_the_f16_base_is_written_once_and_reused(engine, gguf_path):
 
     folder = os.path.dirname(engine.base_path)
     record = json.loads(open(os.path.join(folder, "base-f16.json")).read())
-    assert record == {"source": os.path.abspath(gguf_path), "source_bytes": os.path.getsize(gguf_path), "dtype": "f16"}
+    import hashlib
+
+    sha = hashlib.sha256(open(gguf_path, "rb").read()).hexdigest()
+    assert record == {"source": os.path.abspath(gguf_path), "source_bytes": os.path.getsize(gguf_path),
+                      "source_sha256": sha, "dtype": "f16"}
     before = os.stat(engine.base_path).st_mtime_ns
     assert cached_f16_base(gguf_path, folder) == engine.base_path
     assert os.stat(engine.base_path).st_mtime_ns == before  # reused, not rewritten

@@ -241,6 +241,28 @@ def test_budget_error_suggests_chunk_and_memory_bounds_and_n_ctx():
         _agent(ScriptedBackend(context_tokens=2048), chunk_tokens=10, memory_tokens=10).check_budget("q" * 1700)
 
 
+def test_budget_error_never_suggests_a_higher_cap_and_lower_both_only_when_needed():
+    import re
+
+    # one setting is enough: the chunk; the memory cap alone cannot make room, and no "lower both" that raises it
+    msg = _budget_message(context_tokens=2048, chunk_tokens=100000, memory_tokens=64)
+    assert "lower --chunk-tokens to at most" in msg and "--memory-tokens" not in msg
+    # neither alone is enough (a long question): both lowered, each to at most its value, and they fit
+    msg = _budget_message(context_tokens=2048, chunk_tokens=900, memory_tokens=700, question="q" * 700)
+    chunk, mem = map(int, re.search(r"lower both, e\.g\. --chunk-tokens (\d+) --memory-tokens (\d+)", msg).groups())
+    assert 1 <= chunk <= 900 and 1 <= mem <= 700
+    _agent(ScriptedBackend(context_tokens=2048), chunk_tokens=chunk, memory_tokens=mem,
+           final_tokens=100).check_budget("q" * 700)
+
+
+def _budget_message(context_tokens, chunk_tokens, memory_tokens, question="hi"):
+    agent = _agent(ScriptedBackend(context_tokens=context_tokens), chunk_tokens=chunk_tokens,
+                   memory_tokens=memory_tokens, final_tokens=100)
+    with pytest.raises(ConfigError) as e:
+        agent.check_budget(question, "s")
+    return str(e.value)
+
+
 def test_agent_config_refuses_values_of_the_wrong_type():
     for kw, message in [({"chunk_tokens": 1.5}, "chunk_tokens must be an integer, got 1.5"),
                         ({"memory_tokens": "1024"}, "memory_tokens must be an integer, got '1024'"),

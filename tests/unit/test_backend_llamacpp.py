@@ -59,6 +59,19 @@ def test_missing_gguf_file_is_a_config_error(tmp_path):
         LlamaCppBackend(tmp_path / "nope.gguf")
 
 
+def test_a_file_that_is_no_gguf_and_a_window_too_large_are_told_apart(tmp_path):
+    pytest.importorskip("llama_cpp")
+    from memagent.backends.llamacpp import LlamaCppBackend
+
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a model" * 100)
+    with pytest.raises(ConfigError, match="is it a GGUF model file"):
+        LlamaCppBackend(junk)
+    # the weights load, the KV cache of 10^8 tokens is refused by llama.cpp: the window is named, not the file
+    with pytest.raises(ConfigError, match=r"cannot create a context window of 100000000 tokens .*lower --n-ctx"):
+        LlamaCppBackend(_gguf_or_skip(), n_ctx=100_000_000)
+
+
 # --- slow: the real model ------------------------------------------------------------------------------------
 
 

@@ -33,12 +33,38 @@ def test_the_copy_is_written_once_and_rewritten_when_its_source_changes(tmp_path
     assert out == str(tmp_path / "cache" / "model.F16.gguf")
     assert open(out, "rb").read() == b"F16 copy of model.Q4_1.gguf"
     assert json.loads((tmp_path / "cache" / "model.F16.gguf.json").read_text()) == {
-        "source": str(src), "source_bytes": 10, "dtype": "f16"}
+        "source": str(src), "source_bytes": 10, "dtype": "f16",
+        "source_sha256": "56011e3f63396f612e354d39227bdd1fb87bbaa58a6ae293cad1d7f05c25e617"}
     assert embedded.cached_f16_copy(str(src), str(tmp_path / "cache"), "model.F16.gguf") == out
     assert len(fake_writer) == 1  # reused
     src.write_bytes(b"q" * 11)  # another source file under the same path
     embedded.cached_f16_copy(str(src), str(tmp_path / "cache"), "model.F16.gguf")
     assert len(fake_writer) == 2
+    src.write_bytes(b"r" * 11)  # same size, other content
+    embedded.cached_f16_copy(str(src), str(tmp_path / "cache"), "model.F16.gguf")
+    assert len(fake_writer) == 3
+
+
+def test_the_same_model_file_installed_twice_shares_one_copy(tmp_path, fake_writer):
+    """Two virtual environments with the same shipped file under different paths reuse one cached copy."""
+    first, second = tmp_path / "venv1" / "m.gguf", tmp_path / "venv2" / "m.gguf"
+    for f in (first, second):
+        f.parent.mkdir()
+        f.write_bytes(b"same weights")
+    out = embedded.cached_f16_copy(str(first), str(tmp_path / "cache"), "m.F16.gguf")
+    assert embedded.cached_f16_copy(str(second), str(tmp_path / "cache"), "m.F16.gguf") == out
+    assert len(fake_writer) == 1
+
+
+def test_a_missing_gguf_package_is_named_before_any_work(tmp_path, monkeypatch):
+    import sys
+
+    src = tmp_path / "m.gguf"
+    src.write_bytes(b"q")
+    monkeypatch.setitem(sys.modules, "gguf", None)  # import gguf raises ImportError
+    with pytest.raises(ConfigError, match=r"needs the 'gguf' package: pip install 'memagent\[llamacpp\]'"):
+        embedded.cached_f16_copy(str(src), str(tmp_path / "cache"), "m.F16.gguf")
+    assert not (tmp_path / "cache").exists()
 
 
 def test_the_training_engines_copy_keeps_its_old_record_name(tmp_path, fake_writer):

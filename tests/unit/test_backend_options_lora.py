@@ -22,6 +22,13 @@ def test_lora_is_refused_by_backends_that_cannot_apply_it(backend, extra):
         BackendOptions(backend=backend, lora_path="a.gguf", **extra).settings()
 
 
+def test_a_packaged_policy_on_another_backend_is_refused_without_pointing_at_a_training_run():
+    with pytest.raises(ConfigError, match=r"^--lora ruler-niah \(a packaged policy: a llama.cpp LoRA adapter\) is not "
+                                          r"used by --backend hf; drop --backend .*llamacpp-batch$") as e:
+        BackendOptions(backend="hf", model="d", lora_path="ruler-niah").settings()
+    assert "memagent export" not in str(e.value)
+
+
 @pytest.mark.parametrize("backend, extra", [("scripted", {}), ("llamacpp", {}), ("hf", {"model": "d"})])
 def test_base_url_is_refused_by_backends_that_reach_no_server(backend, extra):
     with pytest.raises(ConfigError, match=f"--base-url is not used by --backend {backend}; .*--backend openai"):

@@ -37,6 +37,20 @@ def test_unknown_name_and_a_tampered_adapter_are_refused(packaged):
         policies.get("niah-test")
 
 
+def test_adapter_sha256_of_a_policy_name_a_path_and_a_file_rewritten_in_place(packaged, tmp_path):
+    fake = hashlib.sha256(b"GGUF fake adapter").hexdigest()
+    assert policies.adapter_sha256("niah-test") == fake
+    assert policies.adapter_sha256(str(packaged / "adapter.gguf")) == fake
+    other = tmp_path / "mine.gguf"
+    other.write_bytes(b"one")
+    assert policies.adapter_sha256(str(other)) == hashlib.sha256(b"one").hexdigest()
+    other.write_bytes(b"two, longer")  # rewritten in place: read again, not the remembered digest
+    assert policies.adapter_sha256(str(other)) == hashlib.sha256(b"two, longer").hexdigest()
+    assert policies.adapter_sha256(None) is None
+    assert policies.adapter_sha256(str(tmp_path / "not-yet.gguf")) is None
+    assert policies.adapter_sha256("no-such-policy") is None
+
+
 def test_trained_settings_fill_only_the_options_left_at_their_defaults(packaged):
     defaults = {"chunk_tokens": 5000, "memory_tokens": 1024, "final_tokens": 1024, "templates": "default"}
     current = dict(defaults, memory_tokens=128)  # the user gave --memory-tokens 128

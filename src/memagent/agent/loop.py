@@ -166,9 +166,9 @@ class MemoryAgent:
                     if mem_max >= 1:
                         fixes.append(f"lower --memory-tokens to at most {mem_max} (it counts twice: memory in, memory out)")
                     room = window - (need - c.chunk_tokens - mem_in - c.memory_tokens)  # for chunk + memory in/out
-                    mem = max(1, room // 4)
-                    chunk = room - max(mem, count_tokens(self.tokenizer, self.templates.no_memory)) - mem
-                    if chunk >= 1 and (c.chunk_tokens - over < 1 or mem_max < 1):  # no single setting is enough
+                    mem = max(1, min(c.memory_tokens, room // 4))  # never a higher cap than the one given
+                    chunk = min(c.chunk_tokens, room - max(mem, count_tokens(self.tokenizer, self.templates.no_memory)) - mem)
+                    if chunk >= 1 and c.chunk_tokens - over < 1 and mem_max < 1:  # no single setting is enough
                         fixes.append(f"lower both, e.g. --chunk-tokens {chunk} --memory-tokens {mem}")
                 else:
                     if c.final_tokens - over >= 1:

@@ -67,6 +67,12 @@ class BackendOptions:
         BACKENDS.get(name)  # an unknown name fails here, with a did-you-mean
         window = self.n_ctx if self.n_ctx is not None else DEFAULT_N_CTX
         if self.lora_path is not None and name not in ("llamacpp", "llamacpp-batch"):
+            from memagent.policies import is_policy_name
+
+            if is_policy_name(self.lora_path):
+                raise ConfigError(f"--lora {self.lora_path} (a packaged policy: a llama.cpp LoRA adapter) is not used "
+                                  f"by --backend {name}; drop --backend to use the default llamacpp, or give "
+                                  "--backend llamacpp-batch")
             raise ConfigError(f"--lora is not used by --backend {name}; a llama.cpp LoRA GGUF needs --backend llamacpp "
                               "or llamacpp-batch (for hf or vllm, export the run merged: memagent export --format hf)")
         if self.base_url and name != "openai":

@@ -156,7 +156,11 @@ class LlamaCppBackend:
                     seed=seed,
                     verbose=verbose,
                 )
-        except ValueError as e:  # llama.cpp could not read the file
+        except ValueError as e:  # llama.cpp could not read the file, or could not make the context
+            if "context" in str(e):  # the weights loaded; the window's KV cache could not be allocated
+                raise ConfigError(f"llama.cpp loaded {os.path.basename(path)!r} but cannot create a context window of "
+                                  f"{n_ctx} tokens ({e}); lower --n-ctx (n_ctx), e.g. to the window the model was "
+                                  "trained with (8192 for SmolLM2)") from e
             raise ConfigError(f"llama.cpp cannot load {path!r} ({e}); is it a GGUF model file?") from e
         vocab = self._llm._model.vocab
         self._is_eog = lambda token: bool(llama_vocab_is_eog(vocab, token))

@@ -8,6 +8,7 @@ import os
 
 from memagent.embedded import DEFAULT_GGUF, SMOLLM2_PACKAGE, smollm2_gguf_path
 from memagent.errors import ConfigError
+from memagent.hashing import file_sha256
 
 __all__ = ["DEFAULT_GGUF", "F16_GGUF", "SMOLLM2_F16", "SMOLLM2_PACKAGE", "cache_dir", "cached_f16_copy",
            "resolve_gguf", "smollm2_gguf_path"]
@@ -29,8 +30,10 @@ def cache_dir() -> str:
 
 def cached_f16_copy(source: str, folder: str, name: str = "base-f16.gguf") -> str:
     """An F16 dequantized copy of the GGUF ``source`` in ``folder`` (file ``name``), written once and reused
-    while a record beside it (``<name>.json``; ``base-f16.json`` for the training engine's ``base-f16.gguf``:
-    source path and size in bytes) still matches ``source``.
+    while a record beside it (``<name>.json``; ``base-f16.json`` for the training engine's ``base-f16.gguf``)
+    still matches ``source``'s content: its sha256 and size in bytes. The source's path is recorded for
+    information only, so two installs of the same model file (two virtual environments sharing one cache)
+    reuse one copy instead of rewriting it in turn.
 
     On the copy llama.cpp's logits stay within about 0.05 of transformers' on the same (dequantized) weights,
     where the Q4_1 file differs by up to 1.4 (docs/training.md): a LoRA adapter trained on the dequantized
@@ -40,21 +43,32 @@ def cached_f16_copy(source: str, folder: str, name: str = "base-f16.gguf") -> st
         the copy's path (about 271 MB for SmolLM2-135M).
 
     Raises:
-        ConfigError: ``source`` is missing.
+        ConfigError: ``source`` is missing, or the ``gguf`` package (extras ``llamacpp`` and ``hf``) is not
+            installed when the copy must be written.
     """
-    from memagent.backends.gguf_copy import write_dequantized_gguf
+    from memagent.backends import gguf_copy
 
     if not os.path.isfile(source):
         raise ConfigError(f"GGUF model file not found: {source!r}")
     path = os.path.join(folder, name)
     record_path = os.path.join(folder, "base-f16.json" if name == "base-f16.gguf" else name + ".json")
-    record = {"source": os.path.abspath(source), "source_bytes": os.path.getsize(source), "dtype": "f16"}
+    record = {"source": os.path.abspath(source), "source_bytes": os.path.getsize(source),
+              "source_sha256": file_sha256(source), "dtype": "f16"}
     if os.path.isfile(path) and os.path.isfile(record_path):
-        with open(record_path, encoding="utf-8") as f:
-            if json.load(f) == record:
-                return path
+        try:
+            with open(record_path, encoding="utf-8") as f:
+                old = json.load(f)
+        except (OSError, ValueError):
+            old = None
+        if isinstance(old, dict) and all(old.get(k) == record[k] for k in ("source_bytes", "source_sha256", "dtype")):
+            return path
+    try:
+        import gguf  # noqa: F401  (the writer needs it; say which extra brings it before any work)
+    except ImportError as e:
+        raise ConfigError(f"writing the F16 copy of {os.path.basename(source)!r} needs the 'gguf' package: "
+                          "pip install 'memagent[llamacpp]' (or pip install gguf)") from e
     os.makedirs(folder, exist_ok=True)
-    write_dequantized_gguf(source, path, "f16")  # atomic: a kill leaves no partial file
+    gguf_copy.write_dequantized_gguf(source, path, "f16")  # atomic: a kill leaves no partial file
     with open(record_path, "w", encoding="utf-8") as f:
         json.dump(record, f)
     return path

@@ -27,8 +27,6 @@ the wrong type (``samples: 2.5``, ``temperature: hot``) is an error naming the k
 from __future__ import annotations
 
 import dataclasses
-import functools
-import hashlib
 import json
 import typing
 from dataclasses import asdict, dataclass, field
@@ -41,6 +39,7 @@ from memagent.agent.config import AgentConfig
 from memagent.agent.prompts import BUILTIN_TEMPLATES
 from memagent.configtypes import build_flat, check_sampling, coerce, flat, flat_dict, flat_names, parse_ints
 from memagent.errors import ConfigError, closest
+from memagent.policies import adapter_sha256
 from memagent.runfiles.resume import settings_hash
 
 MethodKind = Literal["memory_agent", "direct"]
@@ -303,38 +302,10 @@ class EvalConfig:
         record = {k: v for k, v in method.record().items() if k != "backend"}
         backend = {k: v for k, v in self.backend_for(method).items() if k not in TRANSPORT_KEYS}
         parts: list[Any] = [record, backend, self.tokenizer, self.temperature, self.top_p, self.seed]
-        adapter = _adapter_sha256(backend.get("lora_path"))
+        adapter = adapter_sha256(backend.get("lora_path"))
         if adapter is not None:
             parts.append({"lora_sha256": adapter})
         return settings_hash(parts)
-
-
-def _adapter_sha256(lora_path: Any) -> str | None:
-    """sha256 of the adapter file a ``lora_path`` setting names (a packaged policy's name resolves to its
-    file), or None when unset or not (yet) a file."""
-    if not lora_path:
-        return None
-    from memagent.policies import resolve_lora
-
-    try:
-        path = Path(resolve_lora(str(lora_path)))
-    except ConfigError:
-        return None
-    if not path.is_file():
-        return None
-    st = path.stat()
-    return _file_sha256(str(path.resolve()), st.st_size, st.st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=32)
-def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
-    """sha256 of a file's bytes, read once per (path, size, mtime): the runner asks for a method's hash with
-    every row it writes."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _lengths(values: Any, where: str, suffix: bool = True) -> tuple[int, ...]:

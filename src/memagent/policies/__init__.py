@@ -15,6 +15,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Collection
 from typing import Any
 
 from memagent.errors import ConfigError, closest
@@ -87,6 +88,25 @@ def resolve_lora(value: str | None) -> str | None:
     return str(get(value).adapter_path)
 
 
+def adapter_sha256(lora_path: str | None) -> str | None:
+    """sha256 of the adapter file a ``lora_path`` setting names (a packaged policy's name resolves to its
+    file): part of an eval method's hash and of ``memagent run``'s recorded settings, so rows of an adapter
+    retrained or replaced under the same path or policy name are never mixed with the old adapter's.
+
+    Returns:
+        the hex digest, or None when ``lora_path`` is unset, names no policy, or is not (yet) a file.
+    """
+    if not lora_path:
+        return None
+    from memagent.hashing import file_sha256
+
+    try:
+        path = Path(resolve_lora(str(lora_path)))
+    except ConfigError:
+        return None
+    return file_sha256(path) if path.is_file() else None
+
+
 def base_model(value: str | None) -> str | None:
     """The model a packaged policy's adapter goes on, as a llama.cpp ``model_path`` spec: its ``base`` (e.g.
     ``smollm2-f16``, the F16 dequantized copy of the shipped model, :func:`memagent.backends.models.resolve_gguf`), or
@@ -101,14 +121,16 @@ def base_model(value: str | None) -> str | None:
     return None if base == "smollm2" else base
 
 
-def agent_overrides(value: str | None, current: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+def agent_overrides(value: str | None, current: dict[str, Any], defaults: dict[str, Any],
+                    given: Collection[str] = ()) -> dict[str, Any]:
     """The agent settings a packaged policy brings: its trained settings for every field of ``current`` still
-    at its default (a value the user gave wins).
+    at its default and not in ``given`` (a value the user gave wins, even one equal to the default).
 
     Args:
         value: the ``--lora`` value (a policy name, a path or ``None``).
         current: the agent settings in use (field -> value).
         defaults: the agent settings' defaults.
+        given: fields the user set explicitly (e.g. on the command line), never overridden.
 
     Returns:
         field -> value to set (empty for a path or ``None``).
@@ -116,4 +138,5 @@ def agent_overrides(value: str | None, current: dict[str, Any], defaults: dict[s
     if not is_policy_name(value):
         return {}
     trained = get(value).agent
-    return {k: v for k, v in trained.items() if k in current and current[k] == defaults.get(k) and current[k] != v}
+    return {k: v for k, v in trained.items()
+            if k in current and k not in given and current[k] == defaults.get(k) and current[k] != v}
