@@ -354,7 +354,7 @@ def _with_policy(agent_config, backend_options, defaults: dict | None = None):
 
     from memagent.agent.config import AgentConfig
     from memagent.options import given_options
-    from memagent.policies import agent_overrides, base_model
+    from memagent.policies import agent_overrides, base_model, is_policy_name
 
     fields = [f.name for f in dataclasses.fields(AgentConfig)]
     base = {**{k: getattr(AgentConfig(), k) for k in fields}, **(defaults or {})}
@@ -366,6 +366,12 @@ def _with_policy(agent_config, backend_options, defaults: dict | None = None):
     # the policy's base model, when no --model is given (the name was checked by agent_overrides)
     model = base_model(backend_options.lora_path) if backend_options.model is None else None
     shown = {**({"model": model} if model else {}), **changes}
+    trained_on = base_model(backend_options.lora_path) or "smollm2"
+    if backend_options.model is not None and is_policy_name(backend_options.lora_path) \
+            and backend_options.model != trained_on:
+        typer.secho(f"warning: policy {backend_options.lora_path} was trained on --model {trained_on}; on "
+                    f"{backend_options.model} its adapter may score lower (drop --model to use {trained_on})",
+                    fg="yellow", err=True)
     if shown:
         typer.echo(f"policy {backend_options.lora_path}: with the settings it was trained with: "
                    + ", ".join(f"{k}={v}" for k, v in shown.items()), err=True)

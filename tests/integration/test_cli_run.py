@@ -115,6 +115,10 @@ def test_a_policy_keeps_the_budgets_given_on_the_command_line_even_at_their_defa
            "templates=default" in r.output, r.output
     r = _run("run", "-b", "scripted", "--lora", "ruler-niah", "-q", "Who?", "-d", str(doc))
     assert "model=smollm2-f16, chunk_tokens=512, memory_tokens=64, final_tokens=48, templates=default" in r.output
+    assert "warning" not in r.output
+    r = _run("run", "-b", "scripted", "--lora", "ruler-niah", "--model", "smollm2", "-q", "Who?", "-d", str(doc))
+    assert "warning: policy ruler-niah was trained on --model smollm2-f16; on smollm2 its adapter may score " \
+           "lower" in r.output, r.output
 
 
 def test_run_exit_status_1_when_a_sample_fails(tmp_path, monkeypatch):

@@ -227,7 +227,8 @@ def fit_documents(
     chosen: list[str] = []
     est = sum(doc_cost(d) for d in own)
     if est - header > target + tol:
-        raise DataError(f"the question's own documents alone take ~{est} tokens, over the budget of {target}")
+        raise DataError(f"the question's own documents alone take ~{est} tokens, over the budget of {target}: "
+                        f"give a target length above {est} tokens")
     nxt = 0
     docs, _ = _shuffle_with_own(own, [], rng)
     shrinking = False
@@ -241,7 +242,8 @@ def fit_documents(
             excess = exact - target
             removed = _remove_last_added(chosen, docs, excess, doc_cost)
             if removed < excess:
-                raise DataError(f"the question's own documents alone take {exact - removed} tokens, over the budget of {target}")
+                raise DataError(f"the question's own documents alone take {exact - removed} tokens, over the budget of "
+                                f"{target}: give a target length above {exact - removed} tokens")
             shrinking = True  # from now on only remove, so the loop cannot oscillate
             continue
         exhausted = nxt >= len(candidates)
