@@ -146,8 +146,13 @@ def test_malformed_hotpotqa_files_are_named(tmp_path):
 def test_a_size_that_cannot_be_built_writes_nothing(data_root, tmp_path):
     from memagent.tokenization import ByteTokenizer
 
-    with pytest.raises(DataError, match=r"question 0 at --tokens 2048: the question's own documents alone take ~\d+ tokens"):
+    with pytest.raises(DataError, match=r"question 0 at --tokens 2048: the question's own documents alone take ~(\d+) "
+                                        r"tokens, over the budget of 2048: give a target length above \d+ tokens") as e:
         build_hotpotqa(tmp_path / "out", ByteTokenizer(), num_docs=[10], target_tokens=[2048], num_samples=1, data_root=data_root)
+    import re
+
+    est, above = map(int, re.search(r"take ~(\d+) .* above (\d+) tokens", str(e.value)).groups())
+    assert est == above > 2048
     assert not (tmp_path / "out").exists()
 
 
