@@ -7,6 +7,7 @@ llama.cpp) happen inside the commands that need them.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -59,7 +60,6 @@ def _check_paths(inputs: dict[str, Path | None], outputs: dict[str, Path | None]
     """Refuse an output that is an input or another output, a folder, or in a folder that cannot be written;
     checked before any model loads and before any file is opened, so nothing is overwritten by a run that
     cannot start."""
-    import os
 
     seen: dict[Path, str] = {p.resolve(): flag for flag, p in inputs.items() if p is not None}
     for flag, p in outputs.items():
@@ -72,6 +72,8 @@ def _check_paths(inputs: dict[str, Path | None], outputs: dict[str, Path | None]
         if p.is_dir():
             raise MemagentError(f"{flag} {p} is a folder; give a file path")
         parent = r.parent
+        if parent.exists() and not parent.is_dir():
+            raise MemagentError(f"cannot write {flag} {p}: {parent} is a file, not a folder")
         if not parent.is_dir():
             raise MemagentError(f"cannot write {flag} {p}: folder {parent} does not exist")
         if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
@@ -91,15 +93,23 @@ def _open_for_writing(path: Path | None, flag: str, append: bool = False):
 
 
 def _run_settings(b, agent, lora_path: str | None = None) -> dict:
-    """What a prediction depends on (besides the sample): recorded in every row, compared by ``--resume``. A
-    LoRA adapter enters by the sha256 of its bytes too (the backend's name gives only its path), so another
-    adapter copied over the same path is refused on resume."""
+    """What a prediction depends on (besides the sample): recorded in every row, compared by ``--resume``.
+
+    A model file (the llama.cpp backends) and a LoRA adapter enter by the sha256 of their bytes
+    (``model_sha256``, ``lora_sha256``): the backend's name gives only the model's file name and the adapter's
+    path as typed, so other weights under the same name are refused on resume, and the same adapter reached by
+    another spelling (``./a.gguf``, an absolute path, the policy's name) is accepted.
+    """
+    from memagent.hashing import file_sha256
     from memagent.policies import adapter_sha256
 
     adapter = adapter_sha256(lora_path)
-    return {"backend": b.name, **agent.config.prediction_settings(), "templates": agent.templates.hash,
+    name = b.name.split("+lora:")[0] + "+lora" if adapter else b.name
+    model_file = getattr(b, "model_path", None)
+    model = file_sha256(model_file) if isinstance(model_file, str) and os.path.isfile(model_file) else None
+    return {"backend": name, **agent.config.prediction_settings(), "templates": agent.templates.hash,
             "tokenizer": getattr(agent.tokenizer, "name", type(agent.tokenizer).__name__),
-            **({"lora_sha256": adapter} if adapter else {})}
+            **({"model_sha256": model} if model else {}), **({"lora_sha256": adapter} if adapter else {})}
 
 
 def _resume(output: Path, trace: Path | None, settings: dict) -> set[str]:
@@ -347,35 +357,13 @@ def demo(
 
 
 def _with_policy(agent_config, backend_options, defaults: dict | None = None):
-    """``--lora NAME`` of a packaged policy: its trained agent settings for the options not given on the command
-    line (a value given explicitly wins, even when it equals the default; its base model is loaded by the
-    backend factory when ``--model`` is not given)."""
-    import dataclasses
+    """:func:`memagent.options.apply_policy`, its bad policy name an exit with status 2."""
+    from memagent.options import apply_policy
 
-    from memagent.agent.config import AgentConfig
-    from memagent.options import given_options
-    from memagent.policies import agent_overrides, base_model, is_policy_name
-
-    fields = [f.name for f in dataclasses.fields(AgentConfig)]
-    base = {**{k: getattr(AgentConfig(), k) for k in fields}, **(defaults or {})}
     try:
-        changes = agent_overrides(backend_options.lora_path, {k: getattr(agent_config, k) for k in fields}, base,
-                                  given_options())
+        return apply_policy(agent_config, backend_options, defaults)
     except MemagentError as e:
         _fail(e)
-    # the policy's base model, when no --model is given (the name was checked by agent_overrides)
-    model = base_model(backend_options.lora_path) if backend_options.model is None else None
-    shown = {**({"model": model} if model else {}), **changes}
-    trained_on = base_model(backend_options.lora_path) or "smollm2"
-    if backend_options.model is not None and is_policy_name(backend_options.lora_path) \
-            and backend_options.model != trained_on:
-        typer.secho(f"warning: policy {backend_options.lora_path} was trained on --model {trained_on}; on "
-                    f"{backend_options.model} its adapter may score lower (drop --model to use {trained_on})",
-                    fg="yellow", err=True)
-    if shown:
-        typer.echo(f"policy {backend_options.lora_path}: with the settings it was trained with: "
-                   + ", ".join(f"{k}={v}" for k, v in shown.items()), err=True)
-    return dataclasses.replace(agent_config, **changes)
 
 
 def _demo_ruler(task, length, index, data_root, trace, agent_config, backend_options) -> None:

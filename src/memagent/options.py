@@ -181,3 +181,55 @@ def backend_group(param: str = "backend_options", **kw: Any) -> Group:
     from memagent.backends.factory import BackendOptions
 
     return Group(BackendOptions, param, **kw)
+
+
+def apply_policy(agent_config: Any, backend_options: Any, defaults: Mapping[str, Any] | None = None) -> Any:
+    """``--lora NAME`` of a packaged policy: the agent settings with the policy's trained values for every option
+    not given on the command line (:func:`given_options`; a value given explicitly wins, even one equal to the
+    default). The policy's base model is loaded by the backend factory when ``--model`` is not given; a
+    ``--model`` other than that base gets a warning. What the policy set is printed on stderr.
+
+    Args:
+        agent_config: the command's :class:`memagent.agent.config.AgentConfig`.
+        backend_options: the command's :class:`memagent.backends.factory.BackendOptions`.
+        defaults: the command's own option defaults where they differ from the class's (``demo``).
+
+    Returns:
+        the agent settings to use (``agent_config`` itself for a path or no ``--lora``).
+
+    Raises:
+        ConfigError: ``--lora`` names no packaged policy (with the closest names).
+    """
+    from memagent.agent.config import AgentConfig
+    from memagent.policies import agent_overrides, base_model, is_policy_name
+
+    fields = [f.name for f in dataclasses.fields(AgentConfig)]
+    base = {**{k: getattr(AgentConfig(), k) for k in fields}, **(defaults or {})}
+    lora = backend_options.lora_path
+    changes = agent_overrides(lora, {k: getattr(agent_config, k) for k in fields}, base, given_options())
+    model = base_model(lora) if backend_options.model is None else None  # the name was checked just above
+    shown = {**({"model": model} if model else {}), **changes}
+    trained_on = base_model(lora) or "smollm2"
+    if backend_options.model is not None and is_policy_name(lora) and not _same_model_file(backend_options.model, trained_on):
+        typer.secho(f"warning: policy {lora} was trained on --model {trained_on}; on {backend_options.model} its "
+                    f"adapter may score lower (drop --model to use {trained_on})", fg="yellow", err=True)
+    if shown:
+        typer.echo(f"policy {lora}: with the settings it was trained with: "
+                   + ", ".join(f"{k}={v}" for k, v in shown.items()), err=True)
+    return dataclasses.replace(agent_config, **changes)
+
+
+def _same_model_file(model: str, spec: str) -> bool:
+    """Whether the ``--model`` value names the file a llama.cpp model spec (``smollm2``, ``smollm2-f16``) stands
+    for, as the spec or as a path (compared without writing the F16 copy)."""
+    import os
+
+    from memagent.backends.models import F16_GGUF, SMOLLM2_F16, cache_dir, smollm2_gguf_path
+
+    if model == spec:
+        return True
+    try:
+        target = os.path.join(cache_dir(), F16_GGUF) if spec == SMOLLM2_F16 else smollm2_gguf_path()
+    except MemagentError:
+        return False
+    return os.path.realpath(model) == os.path.realpath(target)

@@ -104,6 +104,9 @@ def test_demo_refuses_a_bad_trace_path_before_reading_and_creates_no_folder(data
     r = _run("demo", "-b", "scripted", "--data-root", str(data_root), "--trace", str(missing))
     assert r.exit_code == 2 and "folder" in r.output and "does not exist" in r.output, r.output
     assert opened == [] and not (tmp_path / "no").exists()
+    (tmp_path / "doc.txt").write_text("x")
+    r = _run("demo", "-b", "scripted", "--data-root", str(data_root), "--trace", str(tmp_path / "doc.txt" / "t.jsonl"))
+    assert r.exit_code == 2 and f"{tmp_path / 'doc.txt'} is a file, not a folder" in r.output, r.output
 
 
 def test_a_policy_keeps_the_budgets_given_on_the_command_line_even_at_their_defaults(tmp_path):
@@ -119,6 +122,13 @@ def test_a_policy_keeps_the_budgets_given_on_the_command_line_even_at_their_defa
     r = _run("run", "-b", "scripted", "--lora", "ruler-niah", "--model", "smollm2", "-q", "Who?", "-d", str(doc))
     assert "warning: policy ruler-niah was trained on --model smollm2-f16; on smollm2 its adapter may score " \
            "lower" in r.output, r.output
+    import os
+
+    from memagent.backends.models import F16_GGUF, cache_dir
+
+    r = _run("run", "-b", "scripted", "--lora", "ruler-niah", "--model", os.path.join(cache_dir(), F16_GGUF),
+             "-q", "Who?", "-d", str(doc))  # the F16 copy by its path: no warning
+    assert "warning" not in r.output and "policy ruler-niah" in r.output, r.output
 
 
 def test_run_exit_status_1_when_a_sample_fails(tmp_path, monkeypatch):
@@ -366,3 +376,33 @@ def test_samples_with_an_empty_context_are_warned_about_and_answered(tmp_path):
     assert r.exit_code == 0, r.output
     assert f"warning: 2 sample(s) of {inp} have an empty context (b, c)" in r.output
     assert sorted(json.loads(x)["sample_id"] for x in out.read_text().splitlines()) == ["a", "b", "c"]  # written as done
+
+
+def test_run_settings_identify_model_and_adapter_files_by_content_not_spelling(tmp_path, monkeypatch):
+    """The rows' settings (compared by --resume): model_sha256 and lora_sha256 beside the backend's name, whose
+    adapter path as typed is left out once the adapter's bytes identify it."""
+    import hashlib
+    import os
+    import types
+
+    from memagent.agent.loop import MemoryAgent
+    from memagent.backends.scripted import ScriptedBackend
+    from memagent.cli import _run_settings
+
+    model, adapter = tmp_path / "m.gguf", tmp_path / "a.gguf"
+    model.write_bytes(b"weights")
+    adapter.write_bytes(b"adapter")
+    agent = MemoryAgent(ScriptedBackend())
+    monkeypatch.chdir(tmp_path)
+    b = types.SimpleNamespace(name="llamacpp:m.gguf+lora:./a.gguf", model_path=str(model))
+    one = _run_settings(b, agent, "./a.gguf")
+    assert one["backend"] == "llamacpp:m.gguf+lora"
+    assert one["model_sha256"] == hashlib.sha256(b"weights").hexdigest()
+    assert one["lora_sha256"] == hashlib.sha256(b"adapter").hexdigest()
+    b2 = types.SimpleNamespace(name=f"llamacpp:m.gguf+lora:{adapter}", model_path=str(model))
+    assert _run_settings(b2, agent, str(adapter)) == one  # another spelling of the same adapter
+    model.write_bytes(b"other weights")
+    os.utime(model, ns=(1, 1))  # even with an old mtime, the size differs
+    assert _run_settings(b, agent, "./a.gguf")["model_sha256"] == hashlib.sha256(b"other weights").hexdigest()
+    plain = _run_settings(types.SimpleNamespace(name="scripted"), agent)
+    assert "model_sha256" not in plain and "lora_sha256" not in plain and plain["backend"] == "scripted"

@@ -278,6 +278,12 @@ def test_impossible_methods_fail_before_any_row(tmp_path, method, message):
     })
     with pytest.raises(ConfigError, match=message):
         EvalRunner(cfg, backend=ScriptedBackend(context_tokens=4096)).run()
+    assert not (tmp_path / "b").exists()  # the folder this call made is removed: a bad config leaves no trace
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match=message):
+        EvalRunner(cfg, backend=ScriptedBackend(context_tokens=4096)).run()
+    assert (tmp_path / "b" / "notes.txt").read_text() == "mine"  # a folder that was there is kept
     assert not (tmp_path / "b" / "results.jsonl").read_text()
 
 

@@ -227,8 +227,7 @@ def fit_documents(
     chosen: list[str] = []
     est = sum(doc_cost(d) for d in own)
     if est - header > target + tol:
-        raise DataError(f"the question's own documents alone take ~{est} tokens, over the budget of {target}: "
-                        f"give a target length above {est} tokens")
+        raise DataError(_too_short(f"~{est}", target))
     nxt = 0
     docs, _ = _shuffle_with_own(own, [], rng)
     shrinking = False
@@ -242,8 +241,7 @@ def fit_documents(
             excess = exact - target
             removed = _remove_last_added(chosen, docs, excess, doc_cost)
             if removed < excess:
-                raise DataError(f"the question's own documents alone take {exact - removed} tokens, over the budget of "
-                                f"{target}: give a target length above {exact - removed} tokens")
+                raise DataError(_too_short(str(exact - removed), target))
             shrinking = True  # from now on only remove, so the loop cannot oscillate
             continue
         exhausted = nxt >= len(candidates)
@@ -259,3 +257,10 @@ def fit_documents(
             return DocumentContext(tuple(docs), tuple(pos[k] for k in range(len(own))), context, exact)
         est = exact  # calibrate the estimate on the exact count, then add more
     raise DataError(f"could not fit documents to {budget_tokens} tokens (tokenizer {tokenizer.name!r})")
+
+
+def _too_short(own_tokens: str, target: int) -> str:
+    """The error for a target length below what the question's own documents take (``own_tokens``: a count,
+    ``~``-prefixed when estimated)."""
+    return (f"the question's own documents alone take {own_tokens} tokens, over the budget of {target}: give a "
+            f"target length above {own_tokens.lstrip('~')} tokens")

@@ -45,7 +45,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from memagent.errors import ConfigError, DataError
+from memagent.errors import ConfigError, DataError, MemagentError
 from memagent.eval.direct import DIRECT_TEMPLATE, DirectMethod, direct_template_hash  # noqa: F401 - re-exported
 from memagent.eval.folder import RunFolder
 from memagent.eval.grid import EvalConfig, MethodConfig, TaskConfig
@@ -192,8 +192,14 @@ class EvalRunner(RunFolder):
             if unknown or not only_methods:
                 what = f"{', '.join(map(repr, unknown))} is not a method of the grid" if unknown else "name at least one method"
                 raise ConfigError(f"--only-methods: {what} (the grid's methods, by name: {', '.join(names)})")
-        with run_lock(self.run_dir, self.log):  # before anything in the folder is read or repaired
-            return self._run_locked(selected, only_methods)
+        created = not self.run_dir.exists()
+        try:
+            with run_lock(self.run_dir, self.log):  # before anything in the folder is read or repaired
+                return self._run_locked(selected, only_methods)
+        except MemagentError:
+            if created:
+                _remove_if_untouched(self.run_dir)
+            raise
 
     def _run_locked(self, selected: set[tuple[str, int]] | None, only_methods: Sequence[str] | None) -> Path:
         writer = ResultWriter(self.run_dir / "results.jsonl")
@@ -340,3 +346,16 @@ class EvalRunner(RunFolder):
 def _key(settings: dict[str, Any]) -> str:
     """A backend's settings as a cache key (objects that are not JSON, such as a model, by identity)."""
     return json.dumps(settings, sort_keys=True, default=lambda o: f"<{type(o).__name__} {id(o)}>")
+
+
+def _remove_if_untouched(run_dir: Path) -> None:
+    """Remove a run folder this call created when a check refused the run before anything was written: it then
+    holds only the lock and an empty ``results.jsonl``, and a bad config should leave no trace."""
+    import shutil
+
+    try:
+        entries = {p.name: p for p in run_dir.iterdir()}
+    except OSError:
+        return
+    if set(entries) <= {".lock", "results.jsonl"} and all(p.is_file() and p.stat().st_size == 0 for p in entries.values()):
+        shutil.rmtree(run_dir, ignore_errors=True)
