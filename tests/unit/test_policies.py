@@ -57,6 +57,9 @@ def test_trained_settings_fill_only_the_options_left_at_their_defaults(packaged)
     assert policies.agent_overrides("niah-test", current, defaults) == {
         "chunk_tokens": 512, "final_tokens": 48, "templates": "chunk_first"}
     assert policies.agent_overrides("some/file.gguf", current, defaults) == {}
+    # --chunk-tokens 5000 given explicitly (the default's value): kept
+    assert policies.agent_overrides("niah-test", current, defaults, given={"chunk_tokens"}) == {
+        "final_tokens": 48, "templates": "chunk_first"}
 
 
 def test_base_model_is_the_policys_base_spec_and_none_for_the_shipped_file(packaged):

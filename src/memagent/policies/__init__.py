@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Collection
 from typing import Any
 
 from memagent.errors import ConfigError, closest
