@@ -139,6 +139,8 @@ def test_only_without_cells_and_report_into_a_file_are_refused(tmp_path):
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(_app(), ["report", str(tmp_path / "run"), "--out", str(tmp_path / "file")])
     assert r.exit_code == 2 and "is a file" in r.output
+    r = CliRunner().invoke(_app(), ["report", str(tmp_path / "run"), "--out", str(tmp_path / "file" / "sub")])
+    assert r.exit_code == 2 and "which is a file: give a folder with --out" in " ".join(r.output.split()), r.output
 
 
 def test_default_lengths_follow_the_task_and_bad_outputs_are_refused(tmp_path, data_root):
@@ -154,9 +156,14 @@ def test_default_lengths_follow_the_task_and_bad_outputs_are_refused(tmp_path, d
     r = CliRunner().invoke(_app(), base + ["-o", str(tmp_path / "neg"), "--n-ctx", "-5"])
     # the option's declared bound (BackendOptions.n_ctx, shared with `memagent run`) refuses it before any backend
     assert r.exit_code == 2 and "--n-ctx" in r.output and "greater than or equal to 1" in r.output, r.output
+    r = CliRunner().invoke(_app(), base + ["-o", str(tmp_path / "afile" / "sub")])
+    assert r.exit_code == 2 and f"is under {str(tmp_path / 'afile')!r}, which is a file: give a folder with --output" \
+        in " ".join(r.output.split()), r.output
     for args in (["ruler", "--task", "vt", "--tokenizer", "bytes"], ["hotpotqa", "--docs", "20", "--tokenizer", "bytes"]):
         r = CliRunner().invoke(data_app, args + ["-o", str(tmp_path / "afile")])
         assert r.exit_code == 2 and "is a file: give a folder" in r.output, r.output
+        r = CliRunner().invoke(data_app, args + ["-o", str(tmp_path / "afile" / "sub")])
+        assert r.exit_code == 2 and "which is a file: give a folder" in " ".join(r.output.split()), r.output
     r = CliRunner().invoke(data_app, ["ruler", "--task", "niah_single_2", "--lengths", "100", "--tokenizer", "bytes",
                                       "-o", str(tmp_path / "d"), "--data-root", str(data_root)])
     assert r.exit_code == 2 and "leaves -28 tokens for the prompt" in r.output, r.output

@@ -1,7 +1,6 @@
 """Eval runner: rows per sample, error rows counted, resume after a kill, provenance, direct truncation."""
 
 import json
-import shutil
 import math
 from dataclasses import replace
 
@@ -287,6 +286,20 @@ def test_impossible_methods_fail_before_any_row(tmp_path, method, message):
     assert not (tmp_path / "b" / "results.jsonl").read_text()
 
 
+def test_a_run_refused_for_its_data_leaves_no_folder_and_the_corrected_grid_starts_afresh(tmp_path):
+    path = tmp_path / "q.jsonl"
+    write_samples(path, [Sample("a", "Q?", "doc", ("a",)), Sample("b", "Q?", "doc", ("a",))])
+    grid = {"output": str(tmp_path / "run"), "backend": {"name": "scripted"},
+            "methods": [{"name": "m", "chunk_tokens": 500, "memory_tokens": 64, "final_tokens": 64}],
+            "tasks": [{"name": "t", "lengths": [1, 2], "samples": 2, "files": {1: str(path), 2: str(tmp_path / "none.jsonl")}}]}
+    with pytest.raises(DataError, match="none.jsonl"):
+        EvalRunner(EvalConfig.from_dict(grid), backend=ScriptedBackend()).run()
+    assert not (tmp_path / "run").exists()  # its manifest and lock went with it
+    grid["tasks"][0].update(lengths=[1], samples=1, files={1: str(path)})
+    rows = read_results(EvalRunner(EvalConfig.from_dict(grid), backend=ScriptedBackend()).run())
+    assert [r["sample_id"] for r in rows] == ["a"]
+
+
 def test_result_writer_repairs_torn_tail(tmp_path):
     p = tmp_path / "results.jsonl"
     good = {"method": "m", "task": "t", "length": 1, "sample_id": "a", "status": "ok", "score": 1.0, "scores": {"sub_em": 1.0}}
@@ -317,6 +330,10 @@ def test_grid_errors_and_shipped_configs():
         ({"tasks": [{"name": "vt", "lengths": [8]}, {"name": "vt", "lengths": [16]}]},
          "task names must be unique, got 'vt' twice"),
         ({"tasks": [{"name": "vt", "lengths": [8], "keep_incomplete": True}]}, "keep_incomplete applies to hotpotqa"),
+        ({"tasks": [{"name": "../../evil", "lengths": [8], "files": {8: "a.jsonl"}}]},
+         r"task name '../../evil': it becomes part of file names in the run folder, so it must be non-empty"),
+        ({"methods": [{"name": "a/b"}], "tasks": [{"name": "vt", "lengths": [8]}]}, "method name 'a/b': it becomes part"),
+        ({"methods": [{"name": ".hidden"}], "tasks": [{"name": "vt", "lengths": [8]}]}, "must not start with '.'"),
     ]
     for grid, message in bad:
         with pytest.raises(ConfigError, match=message):
@@ -531,14 +548,14 @@ def test_rows_scored_otherwise_are_refused_without_a_manifest(tmp_path, data_roo
 
 
 def test_a_failed_first_attempt_does_not_pin_settings(tmp_path, data_root):
-    """Data problems stop the run before any row; a folder with no rows or data then takes new settings."""
+    """Data problems stop the run before any row; the folder the refused run made is removed (with the data it had
+    built), so the corrected settings start afresh."""
     from memagent.errors import DataError
 
     bad = _ruler_config(tmp_path, ["vt", "niah_single_1"], samples=4, niah_single_1={"lengths": [100]})
     with pytest.raises(DataError, match="niah_single_1' at length 100 .*leaves -28 tokens for the prompt"):
         EvalRunner(bad, backend=ScriptedBackend()).run()
-    assert (tmp_path / "run" / "results.jsonl").read_text() == ""  # vt's cell came first, yet nothing ran
-    shutil.rmtree(tmp_path / "run" / "data")  # vt's data was built; without it the folder is as new
+    assert not (tmp_path / "run").exists()  # vt's cell came first, yet nothing ran; its data went with the folder
     ok = _ruler_config(tmp_path, ["vt"], samples=2)
     assert len(read_results(EvalRunner(ok, backend=ScriptedBackend()).run())) == 2
 
@@ -562,7 +579,7 @@ def test_file_cells_are_checked_before_any_row(tmp_path):
                                         r"answers \(e.g. sample 'y'\), so every score would be 0"):
         EvalRunner(replace(cfg, tasks=(replace(task, files={100: task.files[100], 200: str(no_gold)}),)),
                    backend=ScriptedBackend(responder=responder)).run()
-    assert not (tmp_path / "run" / "results.jsonl").read_text()
+    assert not (tmp_path / "run").exists()  # refused before any row: nothing left behind
     logs = []
     EvalRunner(replace(cfg, tasks=(replace(task, samples=5),)), backend=ScriptedBackend(responder=responder), log=logs.append).run()
     assert logs.count("warning: task 'toy' length 100: 4 samples, fewer than samples: 5") == 1

@@ -22,8 +22,11 @@ DATA_ROOT = typer.Option(None, "--data-root", help="data folder (default: $MEMAG
 
 
 def _check_out(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {str(out)!r} is a file: give a folder (it is created when missing)")
+    from memagent.runfiles import folder_problem
+
+    problem = folder_problem(out)
+    if problem:
+        raise ConfigError(f"--out {str(out)!r} {problem}: give a folder (it is created when missing)")
 
 
 def _fail(e: Exception) -> None:

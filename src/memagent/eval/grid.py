@@ -192,6 +192,8 @@ class EvalConfig:
         if not self.methods or not self.tasks:
             raise ConfigError("the eval grid needs at least one method and one task")
         names = [m.name for m in self.methods]
+        for kind, name in [*(("method", n) for n in names), *(("task", t.name) for t in self.tasks)]:
+            _check_file_name(kind, name)
         if len(set(names)) != len(names):
             raise ConfigError(f"method names must be unique, got {names}")
         tasks = [t.name for t in self.tasks]
@@ -306,6 +308,18 @@ class EvalConfig:
         if adapter is not None:
             parts.append({"lora_sha256": adapter})
         return settings_hash(parts)
+
+
+def _check_file_name(kind: str, name: Any) -> None:
+    """A method's or task's name is part of file names in the run folder (traces, data): refuse one that would
+    leave the folder or make a hidden file.
+
+    Raises:
+        ConfigError: naming the method or task and the characters allowed.
+    """
+    if not isinstance(name, str) or not name or "/" in name or "\\" in name or name.startswith(".") or "\0" in name:
+        raise ConfigError(f"{kind} name {name!r}: it becomes part of file names in the run folder, so it must be "
+                          "non-empty, must not start with '.' and must not contain '/' or '\\' (e.g. memagent_rl)")
 
 
 def _lengths(values: Any, where: str, suffix: bool = True) -> tuple[int, ...]:

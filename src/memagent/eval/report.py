@@ -220,8 +220,11 @@ def write_report(run_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLi
     if not series:
         raise DataError(f"no result rows in {', '.join(map(str, run_dirs))}")
     out = Path(out_dir) if out_dir is not None else Path(run_dirs[0])
-    if out.exists() and not out.is_dir():
-        raise DataError(f"report output {str(out)!r} is a file: give a folder with --out")
+    from memagent.runfiles import folder_problem
+
+    problem = folder_problem(out)
+    if problem:
+        raise DataError(f"report output {str(out)!r} {problem}: give a folder with --out")
     try:
         return _write(out, runs, series, plot, run_dirs, tokenizer, html)
     except OSError as e:

@@ -49,7 +49,7 @@ from memagent.errors import ConfigError, DataError, MemagentError
 from memagent.eval.direct import DIRECT_TEMPLATE, DirectMethod, direct_template_hash  # noqa: F401 - re-exported
 from memagent.eval.folder import RunFolder
 from memagent.eval.grid import EvalConfig, MethodConfig, TaskConfig
-from memagent.runfiles import Outcome, ResultWriter, prune_trace, result_row, run_lock, write_trace
+from memagent.runfiles import Outcome, ResultWriter, folder_problem, prune_trace, result_row, run_lock, write_trace
 from memagent.runfiles import read_manifest, row_key  # noqa: F401 - re-exported (their home is memagent.runfiles)
 from memagent.types import Sample, Trajectory
 
@@ -183,8 +183,9 @@ class EvalRunner(RunFolder):
                 another process is running into the same folder (see :func:`run_lock`).
             DataError: a cell's data cannot be built or read (raised before any cell runs).
         """
-        if self.run_dir.exists() and not self.run_dir.is_dir():
-            raise ConfigError(f"run folder {str(self.run_dir)!r} is a file: give a folder with --output")
+        problem = folder_problem(self.run_dir)
+        if problem:
+            raise ConfigError(f"run folder {str(self.run_dir)!r} {problem}: give a folder with --output")
         selected = self._select(only)
         names = [m.name for m in self.config.methods]
         if only_methods is not None:
@@ -192,12 +193,13 @@ class EvalRunner(RunFolder):
             if unknown or not only_methods:
                 what = f"{', '.join(map(repr, unknown))} is not a method of the grid" if unknown else "name at least one method"
                 raise ConfigError(f"--only-methods: {what} (the grid's methods, by name: {', '.join(names)})")
-        created = not self.run_dir.exists()
+        created, locked = not self.run_dir.exists(), False
         try:
             with run_lock(self.run_dir, self.log):  # before anything in the folder is read or repaired
+                locked = True  # a run refused by another's lock never removes that run's folder
                 return self._run_locked(selected, only_methods)
         except MemagentError:
-            if created:
+            if created and locked:
                 _remove_if_untouched(self.run_dir)
             raise
 
@@ -349,13 +351,16 @@ def _key(settings: dict[str, Any]) -> str:
 
 
 def _remove_if_untouched(run_dir: Path) -> None:
-    """Remove a run folder this call created when a check refused the run before anything was written: it then
-    holds only the lock and an empty ``results.jsonl``, and a bad config should leave no trace."""
+    """Remove a run folder this call created when the run was refused before any result row was written (a
+    method that cannot fit, a missing data file, a bad data root): everything in it (lock, manifest, data built
+    so far) is this call's own, and a corrected config must start afresh rather than meet the refused one's
+    manifest."""
     import shutil
 
+    results = run_dir / "results.jsonl"
     try:
-        entries = {p.name: p for p in run_dir.iterdir()}
+        if results.exists() and results.stat().st_size > 0:
+            return
     except OSError:
         return
-    if set(entries) <= {".lock", "results.jsonl"} and all(p.is_file() and p.stat().st_size == 0 for p in entries.values()):
-        shutil.rmtree(run_dir, ignore_errors=True)
+    shutil.rmtree(run_dir, ignore_errors=True)

@@ -128,3 +128,16 @@ def _flock(path: Path, locked: str, what: str, log: Callable[[str], None] | None
         yield
     finally:
         f.close()  # closing the only descriptor releases the lock
+
+
+def folder_problem(path: str | os.PathLike) -> str | None:
+    """Why ``path`` cannot be (or become) an output folder, as words to follow the path in a message ("is a
+    file", "is under 'x', which is a file"), or None. Checked before anything is created, so a bad
+    ``--out``/``--output`` is an error naming the file rather than a traceback from ``mkdir``."""
+    p = Path(path)
+    for part in [p, *p.parents]:
+        if part.exists():
+            if part.is_dir():
+                return None
+            return "is a file" if part == p else f"is under {str(part)!r}, which is a file"
+    return None
