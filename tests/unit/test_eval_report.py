@@ -155,3 +155,20 @@ def test_unreadable_manifest_is_named(tmp_path):
     (tmp_path / "r" / "manifest.json").write_text("[1]")
     with pytest.raises(DataError, match="manifest.json: a manifest is a JSON object, got list"):
         write_report([tmp_path / "r"], plot=False)
+
+
+def test_a_torn_last_row_is_named_in_a_warning_and_a_whole_row_without_newline_is_not(tmp_path, capsys):
+    from memagent.eval.report import load_runs
+
+    row = {"method": "m", "task": "t", "length": 1, "sample_id": "a", "status": "ok", "score": 1.0,
+           "scores": {"sub_em": 1.0}, "metric": "sub_em"}
+    run = tmp_path / "run"
+    run.mkdir()
+    whole = json.dumps(row) + "\n"
+    (run / "results.jsonl").write_text(whole + json.dumps(dict(row, sample_id="b"))[:40])
+    load_runs([run])
+    err = capsys.readouterr().err
+    assert f"warning: {run / 'results.jsonl'}:2: the last row was torn by a kill and is left out" in err
+    (run / "results.jsonl").write_text(whole + json.dumps(dict(row, sample_id="b")))  # complete, no newline
+    [(_, cells, _)] = load_runs([run])
+    assert capsys.readouterr().err == "" and cells[0].n == 2
