@@ -219,8 +219,12 @@ def test_retry_errors_supersedes_error_rows(tmp_path):
 def test_changed_method_settings_refuse_to_mix(tmp_path):
     EvalRunner(_config(tmp_path), backend=ScriptedBackend(responder=responder)).run()
     cfg2 = _config(tmp_path, seed=7)
-    with pytest.raises(ConfigError, match="other settings"):
+    with pytest.raises(ConfigError, match=r"method 'memagent' made with other settings \(hash [0-9a-f]{12}: seed: 0 -> 7\)"):
         EvalRunner(cfg2, backend=ScriptedBackend(responder=responder)).run()
+    d = _config(tmp_path).to_dict()
+    d["methods"][0]["memory_tokens"] = 32
+    with pytest.raises(ConfigError, match=r"\(hash [0-9a-f]{12}: method.memory_tokens: 64 -> 32\); use a new --output"):
+        EvalRunner(EvalConfig.from_dict(d), backend=ScriptedBackend(responder=responder)).run()
 
 
 def test_direct_center_truncates_document(tmp_path):

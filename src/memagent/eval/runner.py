@@ -211,7 +211,8 @@ class EvalRunner(RunFolder):
                 if old:
                     raise ConfigError(
                         f"{self.run_dir}/results.jsonl holds rows of method {m.name!r} made with other settings "
-                        f"(hash {sorted(old)[0]}); use a new --output folder or rename the method"
+                        f"(hash {sorted(old)[0]}: {self._method_changes(m)}); use a new --output folder or rename "
+                        "the method"
                     )
             self.check_methods()
             self.check_resume(writer)
@@ -235,6 +236,27 @@ class EvalRunner(RunFolder):
             self._log_endpoints()
             self.close()
         return self.run_dir / "results.jsonl"
+
+    def _method_changes(self, method: MethodConfig) -> str:
+        """What differs between ``method`` and the manifest's record of the method of that name (its settings and
+        the grid-wide ones a method's hash covers), for the refusal message."""
+        from memagent.runfiles import describe, setting_changes
+
+        old_cfg = read_manifest(self.run_dir / "manifest.json").get("config") or {}
+        new_cfg = self.config.to_dict()
+        keys = ("backend", "tokenizer", "temperature", "top_p", "seed")
+        old = {k: old_cfg.get(k) for k in keys if k in old_cfg}
+        new = {k: new_cfg.get(k) for k in keys if k in old_cfg}
+        old_m = next((m for m in old_cfg.get("methods", []) if isinstance(m, dict) and m.get("name") == method.name), None)
+        new_m = next(m for m in new_cfg["methods"] if m.get("name") == method.name)
+        if old_m is not None:
+            old, new = {**old, "method": old_m}, {**new, "method": new_m}
+        changes = setting_changes(old, new)
+        if changes:
+            return describe(changes)
+        if old_m is None:
+            return "the manifest does not record that method"
+        return "its settings read the same, so a file they name (LoRA adapter, prompt file) has other contents"
 
     def _log_endpoints(self) -> None:
         """Per server backend in use: how its servers shared the requests (part of the run's summary)."""
