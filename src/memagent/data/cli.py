@@ -29,6 +29,15 @@ def _check_out(out: Path) -> None:
         raise ConfigError(f"--out {str(out)!r} {problem}: give a folder (it is created when missing)")
 
 
+def _remove_if_empty(out: Path, existed: bool) -> None:
+    """After a refused build: remove ``--out`` if this command created it and nothing was written into it."""
+    if not existed:
+        try:
+            out.rmdir()  # only an empty folder goes
+        except OSError:
+            pass
+
+
 def _fail(e: Exception) -> None:
     typer.secho(f"error: {e}", fg="red", err=True)
     raise typer.Exit(2)
@@ -53,6 +62,7 @@ def hotpotqa_command(
     """RULER-HotpotQA: each question's paragraphs hidden among distractor paragraphs, N documents or T tokens."""
     from memagent.data.hotpotqa import build_hotpotqa
 
+    existed = out.exists()
     try:
         if split not in ("dev", "train"):
             raise ConfigError(f"--split must be dev or train, got {split!r}")
@@ -65,6 +75,7 @@ def hotpotqa_command(
             reference_format=reference_format, keep_incomplete=keep_incomplete,
         )
     except MemagentError as e:
+        _remove_if_empty(out, existed)
         _fail(e)
     for f in files:
         typer.echo(str(f))
@@ -87,6 +98,7 @@ def ruler_command(
 
     names = {"all": list(ALL_TASKS), "memagent": list(MEMAGENT_TASKS)}.get(task) or list(
         dict.fromkeys(t.strip() for t in task.split(",") if t.strip()))
+    existed = out.exists()
     try:
         if not names:
             raise ConfigError(f"--task: name at least one task, 'all' or 'memagent' (tasks: {', '.join(ALL_TASKS)})")
@@ -103,6 +115,7 @@ def ruler_command(
             haystack=haystack, data_root=data_root,
         )
     except MemagentError as e:
+        _remove_if_empty(out, existed)
         _fail(e)
     for f in files:
         typer.echo(str(f))

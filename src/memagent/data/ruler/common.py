@@ -181,7 +181,8 @@ def fit_length(
         The fitted prompt; its exact token count is <= ``budget_tokens``.
 
     Raises:
-        DataError: even ``min_units`` units overflow the budget.
+        DataError: even ``min_units`` units overflow the budget, or all ``max_units`` units fall short of it by more
+            than the tolerance (the haystack is too small for the length).
     """
     if budget_tokens < 1:
         raise DataError(f"the target length leaves {budget_tokens} tokens for the prompt once the answer's tokens "
@@ -224,6 +225,10 @@ def fit_length(
     if best is None:
         raise DataError(f"the prompt with only {min_units} haystack units is {exact} tokens, over the budget of "
                         f"{budget_tokens} tokens (the target length minus the answer's tokens): use a longer length")
+    if best.n >= max_units and budget_tokens - best.tokens > tol:  # the haystack ran out well short of the length
+        raise DataError(f"the haystack holds {max_units} units, a prompt of {best.tokens} tokens, short of the "
+                        f"{budget_tokens}-token budget of this length: use a length of at most about "
+                        f"{best.tokens} tokens")
     return best
 
 
