@@ -315,7 +315,11 @@ def test_result_writer_repairs_torn_tail(tmp_path):
     assert [json.loads(x)["sample_id"] for x in p.read_text().splitlines()] == ["a", "b"]
 
 
-def test_grid_errors_and_shipped_configs():
+def test_grid_errors_and_shipped_configs(tmp_path):
+    with pytest.raises(ConfigError, match=r"eval config '.*' is a folder: give the grid's YAML file"):
+        EvalConfig.from_yaml(tmp_path)
+    with pytest.raises(ConfigError, match=r"eval config '.*none.yaml' not found"):
+        EvalConfig.from_yaml(tmp_path / "none.yaml")
     with pytest.raises(ConfigError, match="did you mean 'chunk_tokens'"):
         EvalConfig.from_dict({"methods": [{"name": "m", "chunk_token": 5}], "tasks": [{"name": "t", "lengths": [1]}]})
     with pytest.raises(ConfigError, match="did you mean 'tasks'"):

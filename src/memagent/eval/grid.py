@@ -266,6 +266,8 @@ class EvalConfig:
             ConfigError: missing file, invalid YAML, unknown keys or bad values.
         """
         p = Path(path)
+        if p.is_dir():
+            raise ConfigError(f"eval config {str(p)!r} is a folder: give the grid's YAML file (e.g. configs/eval_smoke.yaml)")
         if not p.is_file():
             raise ConfigError(f"eval config {str(p)!r} not found")
         try:
