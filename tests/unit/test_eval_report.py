@@ -157,7 +157,7 @@ def test_unreadable_manifest_is_named(tmp_path):
         write_report([tmp_path / "r"], plot=False)
 
 
-def test_a_torn_last_row_is_named_in_a_warning_and_a_whole_row_without_newline_is_not(tmp_path, capsys):
+def test_a_torn_last_row_is_named_in_a_warning_and_left_out_as_eval_would_rerun_it(tmp_path, capsys):
     from memagent.eval.report import load_runs
 
     row = {"method": "m", "task": "t", "length": 1, "sample_id": "a", "status": "ok", "score": 1.0,
@@ -169,6 +169,10 @@ def test_a_torn_last_row_is_named_in_a_warning_and_a_whole_row_without_newline_i
     load_runs([run])
     err = capsys.readouterr().err
     assert f"warning: {run / 'results.jsonl'}:2: the last row was torn by a kill and is left out" in err
-    (run / "results.jsonl").write_text(whole + json.dumps(dict(row, sample_id="b")))  # complete, no newline
+    # a whole row without its newline counts as torn too, as for eval (which cuts it and reruns the sample)
+    (run / "results.jsonl").write_text(whole + json.dumps(dict(row, sample_id="b")))
+    [(_, cells, _)] = load_runs([run])
+    assert "results.jsonl:2: the last row was torn" in capsys.readouterr().err and cells[0].n == 1
+    (run / "results.jsonl").write_text(whole + json.dumps(dict(row, sample_id="b")) + "\n")
     [(_, cells, _)] = load_runs([run])
     assert capsys.readouterr().err == "" and cells[0].n == 2

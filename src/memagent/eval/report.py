@@ -16,7 +16,6 @@ traces and data; a number that cannot be measured (no trace, say) is empty in th
 from __future__ import annotations
 
 import csv
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,11 +37,6 @@ def _warn_torn_tail(path: Path) -> None:
     except OSError:
         return  # read_results names a missing file
     if len(tail) == 2 and tail[1].strip():
-        try:
-            json.loads(tail[1])
-            return  # a whole row whose newline was not written: read as it is
-        except ValueError:
-            pass
         n = path.read_bytes().count(b"\n") + 1
         sys.stderr.write(f"warning: {path}:{n}: the last row was torn by a kill and is left out of the report; "
                          "running the same memagent eval again repairs it and reruns that sample\n")

@@ -136,7 +136,9 @@ def check_row(row: Any, where: str) -> None:
 
 
 def read_results(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Rows of a ``results.jsonl`` (a torn last line is ignored; duplicates resolved, last wins).
+    """Rows of a ``results.jsonl`` (a torn last line, the bytes after the last newline, is ignored, as every
+    reader and writer of :mod:`memagent.runfiles.jsonl` does, even when they happen to be whole JSON: eval cuts
+    and reruns that row; duplicates resolved, last wins).
 
     Raises:
         DataError: missing file, or a malformed line other than the last.
@@ -144,7 +146,7 @@ def read_results(path: str | os.PathLike) -> list[dict[str, Any]]:
     p = Path(path)
     if not p.is_file():
         raise DataError(f"results file {str(p)!r} not found")
-    lines = p.read_bytes().split(b"\n")
+    lines = p.read_bytes().split(b"\n")[:-1]  # after the last newline: "" for a whole file, the torn line otherwise
     rows: dict[tuple, dict[str, Any]] = {}
     for i, raw in enumerate(lines, 1):
         try:
@@ -156,8 +158,6 @@ def read_results(path: str | os.PathLike) -> list[dict[str, Any]]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
-            if i == len(lines):  # torn by a kill while writing
-                break
             raise DataError(f"{p}:{i}: malformed result row") from None
         check_row(row, f"{p}:{i}")
         rows[row_key(row)] = row
