@@ -156,6 +156,11 @@ def test_default_lengths_follow_the_task_and_bad_outputs_are_refused(tmp_path, d
     r = CliRunner().invoke(_app(), base + ["-o", str(tmp_path / "neg"), "--n-ctx", "-5"])
     # the option's declared bound (BackendOptions.n_ctx, shared with `memagent run`) refuses it before any backend
     assert r.exit_code == 2 and "--n-ctx" in r.output and "greater than or equal to 1" in r.output, r.output
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    r = CliRunner().invoke(_app(), base + ["-o", str(tmp_path / "dangling")])
+    assert r.exit_code == 2 and "is a broken link: give a folder with --output" in " ".join(r.output.split()), r.output
+    r = CliRunner().invoke(data_app, ["ruler", "--task", "vt", "--tokenizer", "bytes", "-o", str(tmp_path / "dangling" / "x")])
+    assert r.exit_code == 2 and "a broken link: give a folder" in " ".join(r.output.split()), r.output
     r = CliRunner().invoke(_app(), base + ["-o", str(tmp_path / "afile" / "sub")])
     assert r.exit_code == 2 and f"is under {str(tmp_path / 'afile')!r}, which is a file: give a folder with --output" \
         in " ".join(r.output.split()), r.output

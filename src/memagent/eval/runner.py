@@ -193,15 +193,14 @@ class EvalRunner(RunFolder):
             if unknown or not only_methods:
                 what = f"{', '.join(map(repr, unknown))} is not a method of the grid" if unknown else "name at least one method"
                 raise ConfigError(f"--only-methods: {what} (the grid's methods, by name: {', '.join(names)})")
-        created, locked = not self.run_dir.exists(), False
-        try:
-            with run_lock(self.run_dir, self.log):  # before anything in the folder is read or repaired
-                locked = True  # a run refused by another's lock never removes that run's folder
+        created = not self.run_dir.exists()
+        with run_lock(self.run_dir, self.log):  # before anything in the folder is read or repaired
+            try:
                 return self._run_locked(selected, only_methods)
-        except MemagentError:
-            if created and locked:
-                _remove_if_untouched(self.run_dir)
-            raise
+            except MemagentError:  # removed while the lock is held, so no other run can be in the folder
+                if created:
+                    _remove_if_untouched(self.run_dir)
+                raise
 
     def _run_locked(self, selected: set[tuple[str, int]] | None, only_methods: Sequence[str] | None) -> Path:
         writer = ResultWriter(self.run_dir / "results.jsonl")

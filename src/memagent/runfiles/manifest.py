@@ -136,6 +136,8 @@ def folder_problem(path: str | os.PathLike) -> str | None:
     ``--out``/``--output`` is an error naming the file rather than a traceback from ``mkdir``."""
     p = Path(path)
     for part in [p, *p.parents]:
+        if part.is_symlink() and not part.exists():
+            return "is a broken link" if part == p else f"is under {str(part)!r}, a broken link"
         if part.exists():
             if part.is_dir():
                 return None
