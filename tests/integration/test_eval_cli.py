@@ -173,6 +173,9 @@ def test_default_lengths_follow_the_task_and_bad_outputs_are_refused(tmp_path, d
                                       "-o", str(tmp_path / "d"), "--data-root", str(data_root)])
     assert r.exit_code == 2 and "leaves -28 tokens for the prompt" in r.output, r.output
     assert not (tmp_path / "d").exists()  # the folder the refused build made is removed again (it was empty)
+    r = CliRunner().invoke(data_app, ["ruler", "--task", "niah_single_2", "--lengths", "100", "--tokenizer", "bytes",
+                                      "-o", str(tmp_path / "nest" / "a" / "b"), "--data-root", str(data_root)])
+    assert r.exit_code == 2 and not (tmp_path / "nest").exists()  # and the folders it made on the way
 
 
 def test_python_dash_m_runs_the_cli():

@@ -297,6 +297,16 @@ def test_a_run_refused_for_its_data_leaves_no_folder_and_the_corrected_grid_star
             "methods": [{"name": "m", "chunk_tokens": 500, "memory_tokens": 64, "final_tokens": 64}],
             "tasks": [{"name": "t", "lengths": [1, 2], "samples": 2, "files": {1: str(path), 2: str(tmp_path / "none.jsonl")}}]}
     with pytest.raises(DataError, match="none.jsonl"):
+        EvalRunner(EvalConfig.from_dict({**grid, "output": str(tmp_path / "nest" / "a" / "run")}),
+                   backend=ScriptedBackend()).run()
+    assert not (tmp_path / "nest").exists()  # the folders made on the way go too
+    (tmp_path / "keep").mkdir()
+    (tmp_path / "keep" / "mine.txt").write_text("x")
+    with pytest.raises(DataError, match="none.jsonl"):
+        EvalRunner(EvalConfig.from_dict({**grid, "output": str(tmp_path / "keep" / "a" / "run")}),
+                   backend=ScriptedBackend()).run()
+    assert sorted(p.name for p in (tmp_path / "keep").iterdir()) == ["mine.txt"]
+    with pytest.raises(DataError, match="none.jsonl"):
         EvalRunner(EvalConfig.from_dict(grid), backend=ScriptedBackend()).run()
     assert not (tmp_path / "run").exists()  # its manifest and lock went with it
     grid["tasks"][0].update(lengths=[1], samples=1, files={1: str(path)})

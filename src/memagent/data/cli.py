@@ -9,6 +9,7 @@ import typer
 
 from memagent.configtypes import parse_ints
 from memagent.errors import ConfigError, MemagentError
+from memagent.runfiles import first_missing, remove_created
 from memagent.tokenization import load_tokenizer
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Build benchmark data (RULER-HotpotQA, RULER tasks).")
@@ -27,15 +28,6 @@ def _check_out(out: Path) -> None:
     problem = folder_problem(out)
     if problem:
         raise ConfigError(f"--out {str(out)!r} {problem}: give a folder (it is created when missing)")
-
-
-def _remove_if_empty(out: Path, existed: bool) -> None:
-    """After a refused build: remove ``--out`` if this command created it and nothing was written into it."""
-    if not existed:
-        try:
-            out.rmdir()  # only an empty folder goes
-        except OSError:
-            pass
 
 
 def _fail(e: Exception) -> None:
@@ -62,7 +54,7 @@ def hotpotqa_command(
     """RULER-HotpotQA: each question's paragraphs hidden among distractor paragraphs, N documents or T tokens."""
     from memagent.data.hotpotqa import build_hotpotqa
 
-    existed = out.exists()
+    created = first_missing(out)
     try:
         if split not in ("dev", "train"):
             raise ConfigError(f"--split must be dev or train, got {split!r}")
@@ -75,7 +67,7 @@ def hotpotqa_command(
             reference_format=reference_format, keep_incomplete=keep_incomplete,
         )
     except MemagentError as e:
-        _remove_if_empty(out, existed)
+        remove_created(out, created)  # the folders this build made, where nothing was written
         _fail(e)
     for f in files:
         typer.echo(str(f))
@@ -98,7 +90,7 @@ def ruler_command(
 
     names = {"all": list(ALL_TASKS), "memagent": list(MEMAGENT_TASKS)}.get(task) or list(
         dict.fromkeys(t.strip() for t in task.split(",") if t.strip()))
-    existed = out.exists()
+    created = first_missing(out)
     try:
         if not names:
             raise ConfigError(f"--task: name at least one task, 'all' or 'memagent' (tasks: {', '.join(ALL_TASKS)})")
@@ -115,7 +107,7 @@ def ruler_command(
             haystack=haystack, data_root=data_root,
         )
     except MemagentError as e:
-        _remove_if_empty(out, existed)
+        remove_created(out, created)  # the folders this build made, where nothing was written
         _fail(e)
     for f in files:
         typer.echo(str(f))

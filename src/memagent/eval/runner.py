@@ -49,7 +49,8 @@ from memagent.errors import ConfigError, DataError, MemagentError
 from memagent.eval.direct import DIRECT_TEMPLATE, DirectMethod, direct_template_hash  # noqa: F401 - re-exported
 from memagent.eval.folder import RunFolder
 from memagent.eval.grid import EvalConfig, MethodConfig, TaskConfig
-from memagent.runfiles import Outcome, ResultWriter, folder_problem, prune_trace, result_row, run_lock, write_trace
+from memagent.runfiles import (Outcome, ResultWriter, first_missing, folder_problem, prune_trace, remove_created, result_row,
+                               run_lock, write_trace)
 from memagent.runfiles import read_manifest, row_key  # noqa: F401 - re-exported (their home is memagent.runfiles)
 from memagent.types import Sample, Trajectory
 
@@ -193,13 +194,13 @@ class EvalRunner(RunFolder):
             if unknown or not only_methods:
                 what = f"{', '.join(map(repr, unknown))} is not a method of the grid" if unknown else "name at least one method"
                 raise ConfigError(f"--only-methods: {what} (the grid's methods, by name: {', '.join(names)})")
-        created = not self.run_dir.exists()
+        created = first_missing(self.run_dir)  # the folders this call adds (None: the run folder exists)
         with run_lock(self.run_dir, self.log):  # before anything in the folder is read or repaired
             try:
                 return self._run_locked(selected, only_methods)
             except MemagentError:  # removed while the lock is held, so no other run can be in the folder
-                if created:
-                    _remove_if_untouched(self.run_dir)
+                if created is not None:
+                    _remove_if_untouched(self.run_dir, created)
                 raise
 
     def _run_locked(self, selected: set[tuple[str, int]] | None, only_methods: Sequence[str] | None) -> Path:
@@ -371,7 +372,7 @@ def _key(settings: dict[str, Any]) -> str:
     return json.dumps(settings, sort_keys=True, default=lambda o: f"<{type(o).__name__} {id(o)}>")
 
 
-def _remove_if_untouched(run_dir: Path) -> None:
+def _remove_if_untouched(run_dir: Path, created: Path) -> None:
     """Remove a run folder this call created when the run was refused before any result row was written (a
     method that cannot fit, a missing data file, a bad data root): everything in it (lock, manifest, data built
     so far) is this call's own, and a corrected config must start afresh rather than meet the refused one's
@@ -385,3 +386,5 @@ def _remove_if_untouched(run_dir: Path) -> None:
     except OSError:
         return
     shutil.rmtree(run_dir, ignore_errors=True)
+    if created != run_dir:  # the folders made on the way to it, where empty
+        remove_created(run_dir.parent, created)

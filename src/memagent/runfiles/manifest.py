@@ -143,3 +143,29 @@ def folder_problem(path: str | os.PathLike) -> str | None:
                 return None
             return "is a file" if part == p else f"is under {str(part)!r}, which is a file"
     return None
+
+
+def first_missing(path: str | os.PathLike) -> Path | None:
+    """The highest folder on the way to ``path`` (``path`` included) that does not exist yet: what creating
+    ``path`` would add, so that a refused run can remove exactly that (see :func:`remove_created`)."""
+    p, top = Path(path), None
+    for part in [p, *p.parents]:
+        if part.exists() or part.is_symlink():
+            break
+        top = part
+    return top
+
+
+def remove_created(path: str | os.PathLike, top: Path | None) -> None:
+    """Remove the empty folders from ``path`` up to ``top`` (the :func:`first_missing` of ``path`` before the
+    run), leaving any that hold something; nothing when ``top`` is None (everything existed)."""
+    if top is None:
+        return
+    p = Path(path)
+    for part in [p, *p.parents]:
+        try:
+            part.rmdir()
+        except OSError:
+            return
+        if part == top:
+            return
