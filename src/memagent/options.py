@@ -207,9 +207,10 @@ def apply_policy(agent_config: Any, backend_options: Any, defaults: Mapping[str,
     base = {**{k: getattr(AgentConfig(), k) for k in fields}, **(defaults or {})}
     lora = backend_options.lora_path
     changes = agent_overrides(lora, {k: getattr(agent_config, k) for k in fields}, base, given_options())
-    model = base_model(lora) if backend_options.model is None else None  # the name was checked just above
+    base_spec = base_model(lora)  # the name was checked just above
+    model = base_spec if backend_options.model is None else None
     shown = {**({"model": model} if model else {}), **changes}
-    trained_on = base_model(lora) or "smollm2"
+    trained_on = base_spec or "smollm2"
     if backend_options.model is not None and is_policy_name(lora) and not _same_model_file(backend_options.model, trained_on):
         typer.secho(f"warning: policy {lora} was trained on --model {trained_on}; on {backend_options.model} its "
                     f"adapter may score lower (drop --model to use {trained_on})", fg="yellow", err=True)

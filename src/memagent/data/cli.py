@@ -9,7 +9,7 @@ import typer
 
 from memagent.configtypes import parse_ints
 from memagent.errors import ConfigError, MemagentError
-from memagent.runfiles import first_missing, remove_created
+from memagent.runfiles import first_missing, folder_problem, remove_created
 from memagent.tokenization import load_tokenizer
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Build benchmark data (RULER-HotpotQA, RULER tasks).")
@@ -23,8 +23,6 @@ DATA_ROOT = typer.Option(None, "--data-root", help="data folder (default: $MEMAG
 
 
 def _check_out(out: Path) -> None:
-    from memagent.runfiles import folder_problem
-
     problem = folder_problem(out)
     if problem:
         raise ConfigError(f"--out {str(out)!r} {problem}: give a folder (it is created when missing)")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import csv
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from memagent.errors import DataError
@@ -25,21 +25,16 @@ from memagent.eval.metrics import CellSummary, read_results, summarize
 from memagent.eval.runner import read_manifest
 
 
-def _warn_torn_tail(path: Path) -> None:
-    """A warning on stderr when ``path``'s last line was torn by a kill: the report leaves that row out (its cell
-    shows a smaller n), and running the same ``memagent eval`` again repairs the file and reruns the sample."""
+def _warn_torn(path: Path) -> Callable[[int], None]:
+    """What ``read_results`` calls for a torn last line of ``path``: a warning on stderr (the row is left out,
+    its cell shows a smaller n; running the same ``memagent eval`` again repairs the file and reruns it)."""
     import sys
 
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, path.stat().st_size - 65536))
-            tail = f.read().rsplit(b"\n", 1)
-    except OSError:
-        return  # read_results names a missing file
-    if len(tail) == 2 and tail[1].strip():
-        n = path.read_bytes().count(b"\n") + 1
-        sys.stderr.write(f"warning: {path}:{n}: the last row was torn by a kill and is left out of the report; "
+    def warn(line: int) -> None:
+        sys.stderr.write(f"warning: {path}:{line}: the last row was torn by a kill and is left out of the report; "
                          "running the same memagent eval again repairs it and reruns that sample\n")
+
+    return warn
 
 
 def load_runs(run_dirs: Sequence[str | os.PathLike]) -> list[tuple[str, list[CellSummary], dict]]:
@@ -52,8 +47,8 @@ def load_runs(run_dirs: Sequence[str | os.PathLike]) -> list[tuple[str, list[Cel
     for d in run_dirs:
         p = Path(d)
         manifest = read_manifest(p / "manifest.json")
-        _warn_torn_tail(p / "results.jsonl")
-        runs.append((manifest.get("name") or p.name, summarize(read_results(p / "results.jsonl")), manifest))
+        rows = read_results(p / "results.jsonl", on_torn=_warn_torn(p / "results.jsonl"))
+        runs.append((manifest.get("name") or p.name, summarize(rows), manifest))
     labels = [r[0] for r in runs]
     if len(set(labels)) != len(labels):  # two runs with one name: the shortest distinct folder path endings
         labels = _distinct_labels([Path(d).resolve() for d in run_dirs])

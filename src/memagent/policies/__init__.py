@@ -11,7 +11,6 @@ a llama.cpp backend given no model loads the policy's ``base`` (:func:`base_mode
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from memagent.errors import ConfigError, closest
+from memagent.hashing import file_sha256
 
 _HERE = Path(__file__).parent
 
@@ -65,7 +65,7 @@ def get(name: str) -> Policy:
     if not adapter.is_file():
         raise ConfigError(f"packaged policy {name!r}: adapter file {adapter} is missing; reinstall memagent")
     want = info.get("adapter_sha256")
-    if want and hashlib.sha256(adapter.read_bytes()).hexdigest() != want:
+    if want and file_sha256(adapter) != want:  # read once per process and file version
         raise ConfigError(f"packaged policy {name!r}: {adapter} does not match its recorded sha256; reinstall memagent")
     return Policy(name, adapter, info.get("base", "smollm2"), dict(info.get("agent", {})), info)
 
@@ -98,8 +98,6 @@ def adapter_sha256(lora_path: str | None) -> str | None:
     """
     if not lora_path:
         return None
-    from memagent.hashing import file_sha256
-
     try:
         path = Path(resolve_lora(str(lora_path)))
     except ConfigError:

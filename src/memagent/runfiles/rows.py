@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -135,7 +135,7 @@ def check_row(row: Any, where: str) -> None:
             raise DataError(f"{where}: malformed result row (score {name!r} is {v!r}, not a number); fix or remove that line")
 
 
-def read_results(path: str | os.PathLike) -> list[dict[str, Any]]:
+def read_results(path: str | os.PathLike, on_torn: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
     """Rows of a ``results.jsonl`` (a torn last line, the bytes after the last newline, is ignored, as every
     reader and writer of :mod:`memagent.runfiles.jsonl` does, even when they happen to be whole JSON: eval cuts
     and reruns that row; duplicates resolved, last wins).
@@ -146,7 +146,10 @@ def read_results(path: str | os.PathLike) -> list[dict[str, Any]]:
     p = Path(path)
     if not p.is_file():
         raise DataError(f"results file {str(p)!r} not found")
-    lines = p.read_bytes().split(b"\n")[:-1]  # after the last newline: "" for a whole file, the torn line otherwise
+    lines = p.read_bytes().split(b"\n")
+    if lines[-1].strip() and on_torn is not None:
+        on_torn(len(lines))  # the torn line's number
+    lines = lines[:-1]  # after the last newline: "" for a whole file, the torn line otherwise
     rows: dict[tuple, dict[str, Any]] = {}
     for i, raw in enumerate(lines, 1):
         try:
