@@ -18,6 +18,7 @@ import typer
 from memagent.backends.factory import open_backend
 from memagent.errors import MemagentError
 from memagent.options import agent_group, backend_group, with_settings
+from memagent.runfiles.outputs import check_paths, file_option, open_for_writing
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="MemAgent: answer questions over documents of any length.")
 
@@ -54,42 +55,6 @@ def _read_document(document: str, allow_binary: bool = False):
     if document == "-":
         return StreamText(sys.stdin.buffer, "stdin", allow_binary, warn)
     return FileText(document, allow_binary, warn)
-
-
-def _check_paths(inputs: dict[str, Path | None], outputs: dict[str, Path | None]) -> None:
-    """Refuse an output that is an input or another output, a folder, or in a folder that cannot be written;
-    checked before any model loads and before any file is opened, so nothing is overwritten by a run that
-    cannot start."""
-
-    seen: dict[Path, str] = {p.resolve(): flag for flag, p in inputs.items() if p is not None}
-    for flag, p in outputs.items():
-        if p is None:
-            continue
-        r = p.resolve()
-        if r in seen:
-            raise MemagentError(f"{flag} {p} is also {seen[r]}; write {flag} to another file")
-        seen[r] = flag
-        if p.is_dir():
-            raise MemagentError(f"{flag} {p} is a folder; give a file path")
-        parent = r.parent
-        if parent.exists() and not parent.is_dir():
-            raise MemagentError(f"cannot write {flag} {p}: {parent} is a file, not a folder")
-        if not parent.is_dir():
-            raise MemagentError(f"cannot write {flag} {p}: folder {parent} does not exist")
-        if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
-            raise MemagentError(f"cannot write {flag} {p}: permission denied")
-
-
-def _open_for_writing(path: Path | None, flag: str, append: bool = False):
-    """A row writer for an output file (``append``: keep what it holds, after cutting a torn last line)."""
-    from memagent.runfiles import JsonlWriter
-
-    if path is None:
-        return None
-    try:
-        return JsonlWriter(path, append=append)
-    except OSError as e:
-        raise MemagentError(f"cannot write {flag} {path}: {e.strerror}") from None
 
 
 def _run_settings(b, agent, lora_path: str | None = None) -> dict:
@@ -141,8 +106,8 @@ def run(
     question: Optional[str] = typer.Option(None, "--question", "-q", help="the question (single-document mode)"),
     document: Optional[str] = typer.Option(None, "--document", "-d", help="document file, or '-' for stdin"),
     input: Optional[Path] = typer.Option(None, "--input", "-i", help="JSONL of samples: id, question, context, optional answers"),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="predictions JSONL (with --input), written as samples finish"),
-    trace: Optional[Path] = typer.Option(None, "--trace", help="write every turn (memory after each chunk) as JSONL"),
+    output: Optional[str] = typer.Option(None, "--output", "-o", help="predictions JSONL (with --input), written as samples finish"),
+    trace: Optional[str] = typer.Option(None, "--trace", help="write every turn (memory after each chunk) as JSONL"),
     show_memory: bool = typer.Option(False, "--show-memory", help="print the memory after every chunk"),
     resume: bool = typer.Option(False, "--resume", help="with --input/--output: keep the rows --output already holds and run only the samples it lacks (or that failed)"),
     allow_binary: bool = typer.Option(False, "--allow-binary", help="read a --document that looks binary (NUL bytes, many control characters) as UTF-8 text anyway"),
@@ -161,6 +126,8 @@ def run(
     b = None
     with contextlib.ExitStack() as held:
         try:
+            output = file_option(output, "--output", "predictions.jsonl")
+            trace = file_option(trace, "--trace", "trace.jsonl")
             samples = _run_samples(question, document, input, output, trace, resume, allow_binary)
             b, tok = _open_backend(backend_options)
             agent = MemoryAgent(b, agent_config, tokenizer=tok, keep_token_ids=False)
@@ -172,7 +139,7 @@ def run(
             if resume:  # again under the lock: a run that finished meanwhile is not run twice
                 done = _resume(output, trace, settings)
                 samples = [s for s in samples if s.id not in done]
-            out_f, trace_f = _open_for_writing(output, "--output", resume), _open_for_writing(trace, "--trace", resume)
+            out_f, trace_f = open_for_writing(output, "--output", resume), open_for_writing(trace, "--trace", resume)
 
             def on_turn(sample, turn):
                 if show_memory and turn.kind == "update":
@@ -229,14 +196,14 @@ def _run_samples(question, document, input, output, trace, resume, allow_binary:
             raise MemagentError("--question is empty")
         if resume:
             raise MemagentError("--resume continues an --input run; it does not apply to --question/--document")
-        _check_paths({"--document": None if document == "-" else Path(document)}, {"--output": output, "--trace": trace})
+        check_paths({"--document": None if document == "-" else Path(document)}, {"--output": output, "--trace": trace})
         return [Sample("0", question, _read_document(document, allow_binary))]
     if question or document:
         raise MemagentError("give either --question/--document or --input, not both")
     from memagent.data.io import read_samples
     from memagent.runfiles import finished_ids
 
-    _check_paths({"--input": input}, {"--output": output, "--trace": trace})
+    check_paths({"--input": input}, {"--output": output, "--trace": trace})
     samples = read_samples(input)
     if not samples:
         raise MemagentError(f"--input {input} holds no samples")
@@ -288,7 +255,7 @@ def demo(
     data_root: Optional[Path] = DATA_ROOT,
     index: int = typer.Option(0, "--index", min=0, help="which HotpotQA dev question (position in the dev subset), or which RULER sample"),
     target_tokens: int = typer.Option(30000, "--target-tokens", min=1, help="document length in tokens (gold paragraphs hidden among distractors; with --ruler, the RULER length)"),
-    trace: Optional[Path] = typer.Option(None, "--trace", help="write every turn as JSONL"),
+    trace: Optional[str] = typer.Option(None, "--trace", help="write every turn as JSONL"),
     ruler: Optional[str] = typer.Option(None, "--ruler", help="instead of HotpotQA, a RULER document of this task (e.g. niah_single_2, niah_multikey_1); with --lora, the untrained and the trained agent read it side by side"),
     agent_config=None, backend_options=None,
 ):
@@ -297,7 +264,8 @@ def demo(
     With ``--ruler TASK --lora ruler-niah``: a RULER document read by the untrained model and by the trained
     policy shipped in the package, their memories side by side after every chunk."""
     try:  # checked before any model loads: a bad --trace must not cost the whole reading
-        _check_paths({}, {"--trace": trace})
+        trace = file_option(trace, "--trace", "trace.jsonl")
+        check_paths({}, {"--trace": trace})
     except MemagentError as e:
         _fail(e)
     agent_config = _with_policy(agent_config, backend_options, DEMO_DEFAULTS)

@@ -107,6 +107,10 @@ def test_demo_refuses_a_bad_trace_path_before_reading_and_creates_no_folder(data
     (tmp_path / "doc.txt").write_text("x")
     r = _run("demo", "-b", "scripted", "--data-root", str(data_root), "--trace", str(tmp_path / "doc.txt" / "t.jsonl"))
     assert r.exit_code == 2 and f"{tmp_path / 'doc.txt'} is a file, not a folder" in r.output, r.output
+    r = _run("demo", "-b", "scripted", "--data-root", str(data_root), "--trace", f"{tmp_path}/new/")
+    assert r.exit_code == 2 and (f"--trace {tmp_path}/new/ ends with a slash, so it names a folder; give a file path, "
+                                 f"e.g. --trace {tmp_path}/new/trace.jsonl") in " ".join(r.output.split()), r.output
+    assert opened == [] and sorted(p.name for p in tmp_path.iterdir()) == ["doc.txt"]  # no file named "new"
 
 
 def test_a_policy_keeps_the_budgets_given_on_the_command_line_even_at_their_defaults(tmp_path):
@@ -201,6 +205,8 @@ def test_outputs_may_not_be_inputs_or_each_other(tmp_path):
         (["-q", "Q", "-d", str(doc), "-o", str(doc)], "--output", "is also --document"),
         (["-i", str(inp), "-o", str(tmp_path / "same.jsonl"), "--trace", str(tmp_path / "same.jsonl")], "--trace", "is also --output"),
         (["-i", str(inp), "-o", str(tmp_path)], "--output", "is a folder"),
+        (["-i", str(inp), "-o", f"{tmp_path}/preds/"], "--output", "ends with a slash, so it names a folder"),
+        (["-q", "Q", "-d", str(doc), "--trace", "t/"], "--trace", "e.g. --trace t/trace.jsonl"),
     ]
     for args, flag, message in cases:
         r = _run("run", *args, "-b", "scripted")

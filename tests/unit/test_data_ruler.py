@@ -203,3 +203,29 @@ def test_every_command_reads_the_smollm2_tokenizer_spec(gguf_tokenizer):
         "Were Scott Derrickson and Ed Wood of the same nationality?")
     with pytest.raises(ConfigError, match="give 'bytes', 'smollm2', a .gguf file"):
         load_tokenizer("no-such-tokenizer")
+
+
+def test_a_killed_builds_staging_folder_is_removed_by_the_next_build(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from memagent.data.ruler.build import remove_stale_stages
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # its id now names no process (a build killed with SIGKILL leaves such a folder)
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        for name in (f".building-{dead.pid}", f".building-{live.pid}", ".building-notapid"):
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "vt_2048.jsonl").write_text("partial\n")
+        (tmp_path / f".building-{os.getpid() + 10**7}").write_text("a file, not a stage\n")
+        build_ruler(tmp_path, ["vt"], [2048], ByteTokenizer(), num_samples=1, seed=5)
+        left = sorted(p.name for p in tmp_path.iterdir())
+        assert left == sorted([f".building-{live.pid}", ".building-notapid", f".building-{os.getpid() + 10**7}",
+                               "vt_2048.jsonl", "vt_2048.manifest.json", "vt_2048.ruler.jsonl"])
+        assert remove_stale_stages(tmp_path) == []  # a running build's folder is kept
+    finally:
+        live.kill()
+        live.wait()
+    assert remove_stale_stages(tmp_path) == [tmp_path / f".building-{live.pid}"]

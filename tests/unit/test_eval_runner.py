@@ -91,6 +91,19 @@ def test_failed_requests_become_counted_error_rows(tmp_path, batched):
         assert c.mean == 0.25 and c.mean_ok == pytest.approx(1 / 3)
 
 
+def test_a_grids_scripted_backend_fails_the_requests_its_yaml_names(tmp_path):
+    """The failure counting above, dry-run from a grid file alone: ``fail`` is a regex on request ids."""
+    cfg = _config(tmp_path, backend={"name": "scripted", "fail": "^s2/"})
+    rows = read_results(EvalRunner(cfg).run())
+    errors = sorted((r["method"], r["length"], r["sample_id"]) for r in rows if r["status"] == "error")
+    assert errors == [(m, n, "s2") for m in ("direct", "memagent") for n in (100, 200)]
+    assert {r["error"] for r in rows if r["status"] == "error"} == {  # the agent stops at the first failed turn
+        "s2/chunk0: scripted failure for s2/chunk0", "scripted failure for s2/direct"}
+    for bad, message in (("(", r"fail '\(' is not a regular expression"), ("", "fail must be a regular expression")):
+        with pytest.raises(ConfigError, match=message):
+            ScriptedBackend(fail=bad)
+
+
 class Killed(BaseException):
     """Stands in for SIGKILL: not an Exception, so nothing in the runner can swallow it."""
 
@@ -334,7 +347,7 @@ def test_grid_errors_and_shipped_configs(tmp_path):
         EvalConfig.from_dict({"methods": [{"name": "m", "chunk_token": 5}], "tasks": [{"name": "t", "lengths": [1]}]})
     with pytest.raises(ConfigError, match="did you mean 'tasks'"):
         EvalConfig.from_dict({"methods": [{"name": "m"}], "task": []})
-    with pytest.raises(ConfigError, match="at least one method"):
+    with pytest.raises(ConfigError, match="^config: the eval grid needs at least one method"):
         EvalConfig.from_dict({"methods": [], "tasks": [{"name": "vt", "lengths": [1]}]})
     m = [{"name": "m"}]
     bad = [  # each mistake is a ConfigError that names the place, found before any cell runs
@@ -346,7 +359,10 @@ def test_grid_errors_and_shipped_configs(tmp_path):
         ({"tasks": [{"name": "x", "lengths": [8], "metrics": [1]}]}, "give metric names"),
         ({"tasks": [{"name": "hotpotqa", "lengths": ["8K"]}]}, "a number of documents takes no K/M suffix"),
         ({"tasks": [{"name": "vt", "lengths": [8]}, {"name": "vt", "lengths": [16]}]},
-         "task names must be unique, got 'vt' twice"),
+         "^g.yaml: task names must be unique, got 'vt' twice"),
+        ({"methods": [{"name": "a"}, {"name": "b"}, {"name": "a"}], "tasks": [{"name": "vt", "lengths": [8]}]},
+         r"^g.yaml: method names must be unique, got 'a' twice \(methods \['a', 'b', 'a'\]\)"),
+        ({"tasks": [{"name": "vt", "lengths": [8]}], "top_p": 0.0}, "^g.yaml: .*top_p"),
         ({"tasks": [{"name": "vt", "lengths": [8], "keep_incomplete": True}]}, "keep_incomplete applies to hotpotqa"),
         ({"tasks": [{"name": "../../evil", "lengths": [8], "files": {8: "a.jsonl"}}]},
          r"task name '../../evil': it becomes part of file names in the run folder, so it must be non-empty"),

@@ -1,7 +1,9 @@
 """A deterministic fake backend for tests and dry runs.
 
 It answers with a user-supplied function of the request (or a fixed list of replies), records every
-batch it was called with, and can be told to fail chosen requests.
+batch it was called with, and can be told to fail chosen requests: from Python with a predicate, from an eval
+grid's YAML or the command line with a regular expression on request ids (``backend: {name: scripted, fail:
+"^s1/"}``), so the counting of failed samples can be dry-run without a model.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 from memagent.backends.base import check_context_tokens, check_request
 from memagent.backends.sampling import engine_options
+from memagent.errors import ConfigError
 from memagent.tokenization import ByteTokenizer, Tokenizer
 from memagent.types import Completion, Message, Request, Usage
 
@@ -32,33 +35,51 @@ def default_responder(request: Request) -> str:
     return "\\boxed{" + last + "}"
 
 
+def _fail_predicate(fail: Callable[[Request], bool] | str | None) -> Callable[[Request], bool] | None:
+    """``fail`` as a predicate: a string is a regular expression searched in the request id."""
+    if fail is None or callable(fail):
+        return fail
+    if not isinstance(fail, str) or not fail:
+        raise ConfigError(f"scripted backend: fail must be a regular expression on request ids (e.g. '^s1/'), got {fail!r}")
+    try:
+        pattern = re.compile(fail)
+    except re.error as e:
+        raise ConfigError(f"scripted backend: fail {fail!r} is not a regular expression ({e})") from None
+    return lambda r: pattern.search(r.request_id) is not None
+
+
 class ScriptedBackend:
     """Deterministic fake model.
 
     Args:
         responder: maps a request to its reply text; default :func:`default_responder`.
         replies: alternatively, a fixed list of reply texts handed out in call order (overrides responder).
-        fail: predicate on a request; matching requests come back with ``finish_reason="error"``.
+        fail: which requests fail: a predicate on a request, or a regular expression searched in the request id
+            (``<sample id>/<turn>``, e.g. ``"^s1/"``: every turn of sample s1; ``"final$"``: every final turn).
+            Matching requests come back with ``finish_reason="error"``.
         context_tokens: context window to report (``None`` = unknown).
         tokenizer: used to count prompt/completion tokens; default :class:`ByteTokenizer`.
         batched: report itself as an in-process batched backend (True) or a server (False).
 
     Attributes:
         calls: every ``generate`` call's request list, in order.
+
+    Raises:
+        ConfigError: ``fail`` is neither a predicate nor a valid regular expression.
     """
 
     def __init__(
         self,
         responder: Callable[[Request], str] | None = None,
         replies: Sequence[str] | None = None,
-        fail: Callable[[Request], bool] | None = None,
+        fail: Callable[[Request], bool] | str | None = None,
         context_tokens: int | None = None,
         tokenizer: Tokenizer | None = None,
         batched: bool = True,
     ):
         self.responder = responder or default_responder
         self._replies = list(replies) if replies is not None else None
-        self.fail = fail
+        self.fail = _fail_predicate(fail)
         self.context_tokens = check_context_tokens(context_tokens, "scripted")
         self.tokenizer = tokenizer or ByteTokenizer()
         self.batched = batched

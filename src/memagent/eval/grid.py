@@ -195,7 +195,9 @@ class EvalConfig:
         for kind, name in [*(("method", n) for n in names), *(("task", t.name) for t in self.tasks)]:
             _check_file_name(kind, name)
         if len(set(names)) != len(names):
-            raise ConfigError(f"method names must be unique, got {names}")
+            dup = sorted({n for n in names if names.count(n) > 1})
+            raise ConfigError(f"method names must be unique, got {dup[0]!r} twice (methods {names}): a method's rows "
+                              "and traces are keyed by its name; give each variant its own name")
         tasks = [t.name for t in self.tasks]
         if len(set(tasks)) != len(tasks):
             dup = sorted({n for n in tasks if tasks.count(n) > 1})
@@ -256,7 +258,11 @@ class EvalConfig:
                 t["files"] = files
             tasks.append(_build(TaskConfig, t, at))
         rest = {k: v for k, v in d.items() if k not in ("methods", "tasks")}
-        return cls(methods=methods, tasks=tuple(tasks), **_check_types(cls, rest, where))
+        settings = _check_types(cls, rest, where)
+        try:
+            return cls(methods=methods, tasks=tuple(tasks), **settings)
+        except ConfigError as e:  # the checks across methods and tasks: name the file (or other source) they are in
+            raise ConfigError(f"{where}: {e}") from None
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> EvalConfig:

@@ -8,7 +8,8 @@ The agent, evaluation, training and the command line read and write these files 
 - :mod:`.predictions`: ``memagent run --resume`` (done samples, the settings check);
 - :mod:`.trace`: per-turn traces (written, pruned for a resume, read back);
 - :mod:`.manifest`: ``manifest.json`` with provenance, and the run folder's lock;
-- :mod:`.resume`: what a resumed run may change.
+- :mod:`.resume`: what a resumed run may change;
+- :mod:`.outputs`: the output files of ``memagent run`` and ``demo``, checked before any model loads.
 """
 
 from memagent.runfiles.jsonl import JsonlWriter, append_rows, complete_lines, keep_lines, parse_line, repair_tail, rewrite

@@ -32,7 +32,8 @@ def build_ruler(
     outputs, length`` records) and ``{task}_{length}.manifest.json`` (seed, tokenizer, counts, token
     statistics, seconds). Files are written into a staging folder inside ``out_dir`` and moved into place only
     when every (task, length) is built, so a length that cannot be built leaves no partial output (and memory
-    stays bounded by one cell).
+    stays bounded by one cell). The staging folders of earlier builds into ``out_dir`` that were killed are
+    removed first (:func:`remove_stale_stages`).
 
     Returns:
         The sample files (our schema) written.
@@ -45,6 +46,7 @@ def build_ruler(
         RULER_TASKS.get(t)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    remove_stale_stages(out)
     stage = out / f".building-{os.getpid()}"
     stage.mkdir(exist_ok=True)
     try:
@@ -54,6 +56,43 @@ def build_ruler(
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     return [out / n for n in names]
+
+
+def remove_stale_stages(out: Path) -> list[Path]:
+    """Remove the staging folders (``.building-PID``) of builds into ``out`` that were killed (SIGKILL, a lost
+    machine: their ``finally`` never ran), i.e. whose process no longer runs on this machine.
+
+    A staging folder of a running build (another process writing into the same ``--out``) is kept. The check is
+    by process id, so a folder on a disk shared with another machine whose build still runs there could be
+    taken for stale only if this machine has no process of that id either; its files are only ever moved into
+    place whole, so a removed stage costs that build an error, never a partial output.
+
+    Returns:
+        The folders removed.
+    """
+    removed = []
+    for stage in out.glob(".building-*"):
+        pid = stage.name.removeprefix(".building-")
+        if not pid.isdigit() or not stage.is_dir() or _running(int(pid)):
+            continue
+        shutil.rmtree(stage, ignore_errors=True)
+        removed.append(stage)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    """Whether a process with this id exists here (one we may not signal still exists)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return True  # unknown: keep the folder
+    return True
 
 
 def _build_into(stage: Path, tasks, lengths, tokenizer, num_samples, seed, haystack, data_root) -> list[str]:
