@@ -18,7 +18,7 @@ import typer
 from memagent.backends.factory import open_backend
 from memagent.errors import MemagentError
 from memagent.options import agent_group, backend_group, with_settings
-from memagent.runfiles.outputs import check_paths, file_option, open_for_writing
+from memagent.runfiles.outputs import check_not_overwriting, check_paths, file_option, open_for_writing
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="MemAgent: answer questions over documents of any length.")
 
@@ -95,8 +95,12 @@ def _resume(output: Path, trace: Path | None, settings: dict) -> set[str]:
 def _prediction_row(sample, traj, settings: dict | None = None, trace: Path | None = None) -> dict:
     from memagent.runfiles import Outcome, result_row
 
+    from memagent.runfiles import input_sha256
+
+    digest = input_sha256(sample)
     return result_row(sample, Outcome.of_trajectory(traj), trace=None if trace is None else str(trace),
-                      provenance={"prompt_hash": traj.prompt_hash, **({"settings": settings} if settings else {})})
+                      provenance={"prompt_hash": traj.prompt_hash, **({"settings": settings} if settings else {}),
+                                  **({"input_sha256": digest} if digest else {})})
 
 
 # --------------------------------------------------------------------------------------------- run
@@ -110,6 +114,7 @@ def run(
     trace: Optional[str] = typer.Option(None, "--trace", help="write every turn (memory after each chunk) as JSONL"),
     show_memory: bool = typer.Option(False, "--show-memory", help="print the memory after every chunk"),
     resume: bool = typer.Option(False, "--resume", help="with --input/--output: keep the rows --output already holds and run only the samples it lacks (or that failed)"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace an --output or --trace file that already holds rows (without it, such a file is refused: use --resume to continue it)"),
     allow_binary: bool = typer.Option(False, "--allow-binary", help="read a --document that looks binary (NUL bytes, many control characters) as UTF-8 text anyway"),
     agent_config=None, backend_options=None,
 ):
@@ -129,6 +134,8 @@ def run(
             output = file_option(output, "--output", "predictions.jsonl")
             trace = file_option(trace, "--trace", "trace.jsonl")
             samples = _run_samples(question, document, input, output, trace, resume, allow_binary)
+            if not resume and not overwrite:
+                check_not_overwriting({"--output": output, "--trace": trace})
             b, tok = _open_backend(backend_options)
             agent = MemoryAgent(b, agent_config, tokenizer=tok, keep_token_ids=False)
             for s in samples:  # every budget before any output file is touched
@@ -201,7 +208,7 @@ def _run_samples(question, document, input, output, trace, resume, allow_binary:
     if question or document:
         raise MemagentError("give either --question/--document or --input, not both")
     from memagent.data.io import read_samples
-    from memagent.runfiles import finished_ids
+    from memagent.runfiles import finished_ids, input_sha256
 
     check_paths({"--input": input}, {"--output": output, "--trace": trace})
     samples = read_samples(input)
@@ -215,7 +222,7 @@ def _run_samples(question, document, input, output, trace, resume, allow_binary:
     if resume:
         if output is None:
             raise MemagentError("--resume needs --output (the predictions file to continue)")
-        done = finished_ids(output, {s.id for s in samples})
+        done = finished_ids(output, {s.id: input_sha256(s) for s in samples})
         samples = [s for s in samples if s.id not in done]
         typer.echo(f"--resume: {len(done)} samples already in {output}, {len(samples)} to run", err=True)
     return samples

@@ -190,10 +190,40 @@ def test_a_run_that_cannot_start_leaves_outputs_alone(tmp_path):
     before = out.read_text()
     assert len(before.splitlines()) == 3
     for bad in (["--n-ctx", "1000"], ["--templates", str(tmp_path / "missing.yaml")], ["--model", "x.gguf"]):
-        r = _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted", *bad)
+        r = _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted", "--overwrite", *bad)
         assert r.exit_code == 2, r.output
         assert out.read_text() == before  # refused before the file was opened
     assert "--model is not used by --backend scripted" in r.output
+
+
+def test_an_output_holding_rows_is_replaced_only_with_overwrite_and_resumed_only_over_the_same_samples(tmp_path):
+    inp, out, trace = _input(tmp_path), tmp_path / "preds.jsonl", tmp_path / "t.jsonl"
+    assert _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted").exit_code == 0
+    before = out.read_text()
+    r = _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted")
+    assert r.exit_code == 2 and f"--output {out} already holds {len(before.encode())} bytes" in r.output, r.output
+    assert "add --resume to continue that run, or --overwrite to replace the file" in " ".join(r.output.split())
+    assert out.read_text() == before
+    trace.write_text("{}\n")
+    r = _run("run", "-i", str(inp), "-o", str(tmp_path / "new.jsonl"), "--trace", str(trace), "-b", "scripted")
+    assert r.exit_code == 2 and f"--trace {trace} already holds 3 bytes" in r.output, r.output
+    assert not (tmp_path / "new.jsonl").exists()
+    rows = [json.loads(x) for x in before.splitlines()]
+    assert all(len(r["input_sha256"]) == 64 for r in rows) and len({r["input_sha256"] for r in rows}) == 3
+    # the same samples with another document for s1: --resume refuses to keep s1's old answer
+    inp.write_text(inp.read_text().replace('"doc 1"', '"doc one, changed"'))
+    r = _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted", "--resume")
+    assert r.exit_code == 2 and f"{out}:2: the prediction of sample 's1' answered another question or document" in r.output
+    assert out.read_text() == before
+    assert _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted", "--overwrite").exit_code == 0
+    assert json.loads(out.read_text().splitlines()[1])["input_sha256"] != rows[1]["input_sha256"]
+    r = _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted", "--resume")
+    assert r.exit_code == 0 and "3 samples already in" in r.output, r.output
+    for row in rows:  # rows written before input_sha256 was recorded resume as before
+        del row["input_sha256"]
+    out.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    r = _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted", "--resume")
+    assert r.exit_code == 0 and "3 samples already in" in r.output, r.output
 
 
 def test_outputs_may_not_be_inputs_or_each_other(tmp_path):

@@ -147,7 +147,7 @@ def test_resume_refuses_another_penalty(tmp_path, monkeypatch):
     assert json.loads(out.read_text().splitlines()[0])["settings"]["repetition_penalty"] == 1.2
     r = CliRunner().invoke(app, [*args, "--resume"])  # now at its default: differs from the rows
     assert r.exit_code == 2 and "repetition_penalty: 1.2 -> 1.0" in r.output
-    assert CliRunner().invoke(app, [*args]).exit_code == 0  # rows without it (at the default) ...
+    assert CliRunner().invoke(app, [*args, "--overwrite"]).exit_code == 0  # rows without it (at the default) ...
     r = CliRunner().invoke(app, [*args, "--resume", "--repetition-penalty", "1.3"])
     assert r.exit_code == 2 and "repetition_penalty: 1.0 -> 1.3" in r.output  # ... count as the default
 

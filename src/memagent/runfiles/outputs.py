@@ -72,6 +72,26 @@ def file_option(value: str | None, flag: str, example: str) -> Path | None:
     return Path(value)
 
 
+def check_not_overwriting(outputs: dict[str, Path | None]) -> None:
+    """Refuse an output file that already holds something (the predictions or trace of an earlier run, maybe
+    hours of model time): replacing it takes ``--overwrite``, continuing it ``--resume``. An empty file is not
+    refused.
+
+    Raises:
+        MemagentError: naming the flag, the file and both options.
+    """
+    for flag, p in outputs.items():
+        if p is None or not p.is_file():
+            continue
+        try:
+            size = p.stat().st_size
+        except OSError:
+            continue
+        if size:
+            raise MemagentError(f"{flag} {p} already holds {size} bytes (an earlier run's rows?); add --resume to "
+                                "continue that run, or --overwrite to replace the file")
+
+
 def open_for_writing(path: Path | None, flag: str, append: bool = False):
     """A row writer for an output file (``append``: keep what it holds, after cutting a torn last line);
     ``None`` for no file.

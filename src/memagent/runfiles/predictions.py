@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -11,23 +13,38 @@ from memagent.errors import DataError, MemagentError
 from memagent.runfiles.jsonl import complete_lines, parse_line, rewrite
 from memagent.runfiles.resume import describe, setting_changes
 from memagent.runfiles.rows import row_sample_id
+from memagent.types import Sample
 
 
-def finished_ids(path: str | os.PathLike, sample_ids: Collection[str] | None = None) -> set[str]:
+def input_sha256(sample: Sample) -> str | None:
+    """The sha256 of what a prediction answered: the sample's question and context (text contexts only;
+    ``None`` for a document read from a file or stream). Recorded in every ``memagent run`` row as
+    ``input_sha256``, so that ``--resume`` does not keep the answer to a question or document since changed."""
+    if not isinstance(sample.context, str):
+        return None
+    return hashlib.sha256(json.dumps([sample.question, sample.context]).encode("utf-8")).hexdigest()
+
+
+def finished_ids(path: str | os.PathLike, sample_ids: Collection[str] | Mapping[str, str | None] | None = None) -> set[str]:
     """Ids of the samples a predictions file already holds with status ``ok`` (a torn last row is not counted).
 
     Every complete row must be a prediction row (a JSON object with a sample id and a ``status`` of ``ok`` or
     ``error``) and, when ``sample_ids`` is given, a prediction of one of those samples: ``--resume`` rewrites the
     file, so a trace, a samples file or the predictions of other samples are refused before anything is touched.
+    When ``sample_ids`` maps ids to :func:`input_sha256`, an ``ok`` row that recorded another hash (its sample's
+    question or document changed since) is refused too; rows written before the hash was recorded, and samples
+    whose hash is ``None``, are not compared.
 
     Args:
         path: the predictions file (``--output``).
-        sample_ids: the ids of the samples being run (``--input``); ``None``: not checked.
+        sample_ids: the ids of the samples being run (``--input``), or a mapping of them to their input hashes;
+            ``None``: not checked.
 
     Raises:
         DataError: a complete line is not a prediction row of these samples (naming ``file:line`` and why).
     """
     p = Path(path)
+    hashes = sample_ids if isinstance(sample_ids, Mapping) else {}
     done: set[str] = set()
     for n, line in complete_lines(p):
         if not line.strip():
@@ -37,8 +54,14 @@ def finished_ids(path: str | os.PathLike, sample_ids: Collection[str] | None = N
             raise DataError(f"{p}:{n}: {why}; --resume continues the predictions file of an earlier run over the "
                             "same --input, and leaves any other file untouched (give a new --output)")
         row = parse_line(line)
+        sid = row_sample_id(row)
+        old, new = row.get("input_sha256"), hashes.get(sid)
+        if row.get("status") == "ok" and old is not None and new is not None and old != new:
+            raise DataError(f"{p}:{n}: the prediction of sample {sid!r} answered another question or document than "
+                            "--input now holds (its input_sha256 differs); --resume keeps only answers to the same "
+                            "samples: give a new --output, or delete that row to run the sample again")
         if row.get("status") == "ok":
-            done.add(row_sample_id(row))
+            done.add(sid)
     return done
 
 

@@ -10,8 +10,9 @@ written by         fields, in order
 every row          ``sample_id, status, error, question, answers, response, answer, extraction``
 ``eval`` (scored)  ``metric, score, scores, context_tokens``
 every row          ``document_tokens, prompt_tokens, completion_tokens, turns, seconds, trace``
-``run``            ``prompt_hash, settings, metadata`` (a predictions file has no manifest, so each row
-                   carries what it was made with; ``--resume`` compares ``settings``)
+``run``            ``prompt_hash, settings, input_sha256, metadata`` (a predictions file has no manifest, so
+                   each row carries what it was made with; ``--resume`` compares ``settings``, and
+                   ``input_sha256``, the hash of the sample's question and context)
 =================  ==========================================================================================
 
 ``status`` is ``ok`` or ``error`` (then ``error`` holds the message and every score is 0). Scores come from
@@ -82,7 +83,8 @@ def result_row(sample: Sample, outcome: Outcome, *, cell: Mapping[str, Any] | No
         cell: eval only: ``method, task, length, length_unit, method_hash``.
         metrics: verifier names, primary first; empty: an unscored row (``memagent run``).
         trace: where the sample's turns are (a path relative to the run folder, or the ``--trace`` file).
-        provenance: ``run`` only: ``prompt_hash`` and ``settings``; the sample's metadata is added.
+        provenance: ``run`` only: ``prompt_hash``, ``settings`` and ``input_sha256``; the sample's metadata is
+            added.
     """
     from memagent.scoring import scores as score_all
 
