@@ -10,6 +10,7 @@ pytest.importorskip("transformers")
 
 from memagent.errors import ConfigError  # noqa: E402
 from memagent.train.config import load_config  # noqa: E402
+from memagent.train.data import samples_sha256  # noqa: E402
 from memagent.train.synthetic import needle_samples  # noqa: E402
 from memagent.train.trainer import Trainer  # noqa: E402
 
@@ -156,3 +157,28 @@ def test_a_resume_that_changes_prompts_per_step_continues_the_data_stream(tmp_pa
     assert (t.step, t.data_position) == (2, 3)
     saved = torch.load(tmp_path / "checkpoints" / "step_000002.pt", map_location="cpu", weights_only=False)
     assert saved["data_position"] == 3
+
+
+def test_training_data_is_compared_by_its_questions_not_its_path(tmp_path):
+    import shutil
+
+    from memagent.data.io import write_samples
+
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    write_samples(a, TRAIN)
+    original = a.read_text()
+
+    def run(path, *extra):
+        t = Trainer(_cfg(tmp_path / "cut", f"data.train_path={path}", *extra), val_samples=VAL, reward_fn=parity_reward)
+        t.fit()
+        return t
+
+    first = run(a, "run.stop_after_step=1")
+    assert first.step == 1 and first.train_data_sha256 == samples_sha256(TRAIN)
+    a.write_text(original.replace(TRAIN[0].question, TRAIN[0].question + " Really?", 1))  # same path, new questions
+    with pytest.raises(ConfigError, match=r"data.train_path: 'questions with sha256 [0-9a-f]{12}\.\.\.' -> "
+                                          r"'questions with sha256 [0-9a-f]{12}\.\.\.'"):
+        run(a)
+    a.write_text(original)
+    shutil.copy(a, b)
+    assert run(b).step == 2  # the same questions under another path resume

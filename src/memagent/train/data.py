@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import random
 
 from memagent.errors import DataError
 from memagent.train.config import TrainConfig
+
+
+def samples_sha256(samples) -> str:
+    """sha256 of the training questions as read (id, question, context, answers, in order): the identity of the
+    data a checkpoint was trained on, independent of the path it was read from. Checked on resume."""
+    digest = hashlib.sha256()
+    for s in samples:
+        context = s.context if isinstance(s.context, str) else repr(s.context)
+        digest.update(json.dumps([s.id, s.question, context, list(s.answers)]).encode("utf-8"))
+        digest.update(b"\n")
+    return digest.hexdigest()
 
 
 def check_gold(samples, where: str) -> None:

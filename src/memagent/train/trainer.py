@@ -95,6 +95,7 @@ class Trainer:
         self.train_samples = train_samples if train_samples is not None else data.train_data(cfg)
         self.val_samples = val_samples if val_samples is not None else data.val_data(cfg)
         data.check_gold(self.train_samples, cfg.data.train_path or "the training set")
+        self.train_data_sha256 = data.samples_sha256(self.train_samples)
         for m, vs in self.val_samples.items():
             data.check_gold(vs, cfg.data.val_path or f"the x{m} validation set")
         self.reward_fn = reward_fn or (lambda response, answers: score(cfg.rl.reward, response, answers))
@@ -301,6 +302,7 @@ class Trainer:
             "step": self.step, "data_position": self.data_position,
             "skipped_updates": self.skipped_updates, "model": model_sd, "optimizer": optim_sd,
             "scheduler": self.scheduler.state_dict(), "templates_hash": self.templates.hash,
+            "train_data_sha256": self.train_data_sha256,
         })
         if self.cfg.model.lora.enabled and self.dist.is_main:  # small: the newest adapter is always exportable
             self.save_model_dir()
@@ -337,7 +339,7 @@ class Trainer:
         Raises:
             ConfigError: the checkpoint was made with other settings (see :meth:`Checkpointer.load`).
         """
-        state = self.checkpoints.load(self.templates.hash)
+        state = self.checkpoints.load(self.templates.hash, self.train_data_sha256)
         if state is None:
             return False
         self.checkpoints.load_model_state(self.policy, state["model"])
