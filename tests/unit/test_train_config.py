@@ -62,6 +62,10 @@ def test_overrides_and_types():
     (["run.stop_after_step=0"], "run.stop_after_step must be >= 1 or null"),
     (["data.val_path=v.jsonl", "data.val_context_multipliers=[1, 4]"], "applies to synthetic validation only"),
     (["run.dist_timeout_s=0"], "run.dist_timeout_s must be >= 1"),
+    (["run.torch_threads=-1"], "run.torch_threads must be >= 1 or null .torch's default., got -1"),
+    (["run.torch_threads=0"], "run.torch_threads must be >= 1 or null"),
+    (["run.rollout_threads=0"], "run.rollout_threads must be >= 1 or null .all cores., got 0"),
+    (["optim.lr=-1"], r"need optim.lr > 0, warmup_steps >= 0, grad_clip > 0 \(got lr=-1.0, warmup_steps="),
 ])
 def test_bad_settings_are_named(override, message):
     with pytest.raises(ConfigError, match=message):
@@ -182,3 +186,35 @@ def test_a_resume_may_change_only_the_settings_resume_changes_names(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # nothing changed: no warning although the key is allowed
         assert load("rl.kl_coef=0.001", "run.resume_changes=[rl.kl_coef]")["step"] == 10
+
+
+def test_an_output_dir_that_cannot_hold_a_run_is_refused_before_any_model_loads(tmp_path):
+    from memagent.train.checkpoint import check_output_dir
+    from memagent.train.trainer import Trainer
+
+    (tmp_path / "doc.txt").write_text("x")
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "config.json").write_text('{"model_type": "llama"}')
+    (export / "model.safetensors").write_text("weights")
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "README.md").write_text("mine")
+    cases = [
+        (tmp_path / "doc.txt", "'.*doc.txt' is a file; give a new or empty folder"),
+        (tmp_path / "doc.txt" / "sub", "'.*sub' is under '.*doc.txt', which is a file"),
+        (export, "'.*export' holds a config.json that is not a training config .an exported model.., which the run would overwrite"),
+        (notes, r"'.*notes' holds files but no training run \(README.md\); give a new or empty folder"),
+    ]
+    for out, message in cases:
+        with pytest.raises(ConfigError, match="run.output_dir " + message):
+            Trainer(load_config("configs/train_cpu_small.yaml", [f"run.output_dir={out}"]))
+    assert (export / "config.json").read_text() == '{"model_type": "llama"}'
+    run = tmp_path / "run"  # a run's folder with notes copied beside it (a committed results folder) resumes
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "COMMANDS.txt").write_text("how it was made")
+    (run / "config.json").write_text(json.dumps(config_to_dict(TrainConfig())))
+    for ok in (run, tmp_path / "new", tmp_path / "empty"):
+        check_output_dir(ok)
+    (tmp_path / "empty").mkdir()
+    check_output_dir(tmp_path / "empty")

@@ -37,6 +37,48 @@ RESUMABLE_CHANGES = frozenset({
 })
 
 
+def check_output_dir(path: str | os.PathLike) -> None:
+    """Refuse a ``run.output_dir`` that cannot hold a training run, before any model loads: a file, a path
+    under a file or a broken link; a folder whose ``config.json`` is not a training config (an export: the run
+    would write its own over it); and a folder that holds files but no run (no ``metrics.jsonl``,
+    ``checkpoints/`` or training ``config.json``). An absent or empty folder, or one holding a run (with
+    whatever notes were copied beside it), passes.
+
+    Raises:
+        ConfigError: naming the folder and what to do.
+    """
+    from memagent.runfiles import folder_problem
+
+    where = f"run.output_dir {os.fspath(path)!r}"
+    problem = folder_problem(path)
+    if problem:
+        raise ConfigError(f"{where} {problem}; give a new or empty folder (or a training run's folder to resume it)")
+    if not os.path.isdir(path):
+        return
+    config = os.path.join(path, "config.json")
+    if os.path.isfile(config) and not _is_train_config(config):
+        raise ConfigError(f"{where} holds a config.json that is not a training config (an exported model?), which "
+                          "the run would overwrite; give a new or empty folder")
+    is_run = os.path.isfile(config) or os.path.exists(os.path.join(path, "metrics.jsonl")) \
+        or os.path.isdir(os.path.join(path, "checkpoints"))
+    entries = sorted(e for e in os.listdir(path) if not e.startswith("."))
+    if entries and not is_run:
+        shown = ", ".join(entries[:4]) + (f" and {len(entries) - 4} more" if len(entries) > 4 else "")
+        raise ConfigError(f"{where} holds files but no training run ({shown}); give a new or empty folder, so that "
+                          "nothing there is overwritten")
+
+
+def _is_train_config(path: str) -> bool:
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(d, dict) and {"run", "rl", "optim"} <= set(d)
+
+
 def _dotted(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """Dotted key -> value for every entry, nested sections too (``model.lora`` and ``model.lora.rank``), so a
     whole section an older checkpoint lacks compares as its defaults."""

@@ -267,7 +267,8 @@ class TrainConfig:
              "rl.mini_batches must not exceed the trajectories per step (prompts_per_step x group_size)"),
             (loss.dual_clip is None or loss.dual_clip > 1, "rl.dual_clip must be > 1 or null"),
             (0 <= loss.clip_low < 1 and loss.clip_high >= 0, "need 0 <= rl.clip_low < 1 and rl.clip_high >= 0"),
-            (o.lr > 0 and o.warmup_steps >= 0 and o.grad_clip > 0, "need optim.lr > 0, warmup_steps >= 0, grad_clip > 0"),
+            (o.lr > 0 and o.warmup_steps >= 0 and o.grad_clip > 0, "need optim.lr > 0, warmup_steps >= 0, grad_clip > 0 "
+             f"(got lr={o.lr}, warmup_steps={o.warmup_steps}, grad_clip={o.grad_clip})"),
             (o.micro_batch_tokens >= 1, "optim.micro_batch_tokens must be >= 1"),
             (all(0 <= b < 1 for b in o.betas) and o.weight_decay >= 0,
              "need 0 <= optim.betas < 1 (e.g. [0.9, 0.999]) and optim.weight_decay >= 0"),
@@ -286,6 +287,10 @@ class TrainConfig:
             (r.save_every >= 0 and r.val_every >= 0, "need run.save_every >= 0 and run.val_every >= 0 (0 = never)"),
             (r.stop_after_step is None or r.stop_after_step >= 1, "run.stop_after_step must be >= 1 or null"),
             (r.dist_timeout_s >= 1, "run.dist_timeout_s must be >= 1 (seconds)"),
+            (r.torch_threads is None or r.torch_threads >= 1,
+             f"run.torch_threads must be >= 1 or null (torch's default), got {r.torch_threads}"),
+            (r.rollout_threads is None or r.rollout_threads >= 1,
+             f"run.rollout_threads must be >= 1 or null (all cores), got {r.rollout_threads}"),
             (r.rollout_engine != "servers" or len(r.rollout_servers) >= 1, "run.rollout_engine=servers needs "
              "run.rollout_servers: the API roots of the servers, e.g. [http://127.0.0.1:8000/v1]"),
             (all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in r.rollout_servers),

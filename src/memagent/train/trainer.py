@@ -39,7 +39,7 @@ from memagent.rl.multiconv import broadcast_advantages, check_rows
 from memagent.runfiles import append_rows, keep_lines, write_json
 from memagent.train import data
 from memagent.train.batching import TokenLogProbs, row_logprobs, split_trajectories
-from memagent.train.checkpoint import Checkpointer, optimizer_by_index, optimizer_by_name  # noqa: F401 - re-exported
+from memagent.train.checkpoint import Checkpointer, check_output_dir, optimizer_by_index, optimizer_by_name  # noqa: F401 - re-exported
 from memagent.train.config import TrainConfig, config_to_dict
 from memagent.train.distributed import DistInfo, all_reduce_max, all_reduce_sum, barrier, shard_fsdp, wrap_ddp
 from memagent.train.engine import make_engine
@@ -75,6 +75,7 @@ class Trainer:
 
         self.cfg, self.dist = cfg, dist_info or DistInfo()
         self._check_sizes()
+        check_output_dir(cfg.run.output_dir)
         if cfg.run.torch_threads:
             torch.set_num_threads(cfg.run.torch_threads)
         seed_everything(cfg.run.seed)
