@@ -34,3 +34,30 @@ def test_a_finished_run_exports_as_an_hf_model(tmp_path):
     assert AutoTokenizer.from_pretrained(out).chat_template
     res = CliRunner().invoke(app, ["export", str(run), "--out", str(tmp_path / "lora"), "--format", "lora-gguf"])
     assert res.exit_code == 2 and "trained without LoRA" in res.output
+
+
+def test_bad_export_requests_are_named_before_any_model_loads(tmp_path):
+    import json
+
+    from memagent.cli import app
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text("{bad")
+    (tmp_path / "doc.txt").write_text("x")
+    cases = [
+        ([str(run), "--out", str(tmp_path / "o"), "--dtype", "f8"], "--dtype f8 applies to --format gguf and "
+                                                                   "lora-gguf; --format hf writes float32"),
+        ([str(run), "--out", str(tmp_path / "doc.txt" / "sub")], "is under '.*doc.txt', which is a file; choose a new"),
+        ([str(run), "--out", str(tmp_path / "o")], "config.json: the run's training config cannot be read"),
+        ([str(tmp_path / "doc.txt"), "--out", str(tmp_path / "o")], "doc.txt' is a file; give the training run's folder"),
+    ]
+    import re
+
+    for args, message in cases:
+        res = CliRunner().invoke(app, ["export", *args])
+        assert res.exit_code == 2 and re.search(message, " ".join(res.output.split())), res.output
+    (run / "config.json").write_text(json.dumps([1]))
+    res = CliRunner().invoke(app, ["export", str(run), "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and "must be a JSON object, got list" in res.output, res.output
+    assert not (tmp_path / "o").exists()

@@ -279,13 +279,22 @@ def run_config(run_dir: str | os.PathLike) -> dict[str, Any]:
         ConfigError: the run folder does not exist.
     """
     run = os.fspath(run_dir)
+    if os.path.isfile(run):
+        raise ConfigError(f"{run!r} is a file; give the training run's folder (its run.output_dir)")
     if not os.path.isdir(run):
         raise ConfigError(f"run folder not found: {run!r}")
     cfg_path = os.path.join(run, "config.json")
     if not os.path.isfile(cfg_path):
         return {}
-    with open(cfg_path, encoding="utf-8") as f:
-        return json.load(f)
+    try:
+        with open(cfg_path, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (ValueError, OSError) as e:
+        raise ConfigError(f"{cfg_path}: the run's training config cannot be read ({e}); restore it (a rerun of the "
+                          "training command writes it again) or export from a copy of the run that has it") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{cfg_path}: the run's training config must be a JSON object, got {type(cfg).__name__}")
+    return cfg
 
 
 def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str = "hf", dtype: str | None = None,
@@ -311,7 +320,15 @@ def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str 
     """
     if fmt not in FORMATS:
         raise ConfigError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    if fmt == "hf" and dtype is not None:
+        raise ConfigError(f"--dtype {dtype} applies to --format gguf and lora-gguf; --format hf writes float32 "
+                          "(drop --dtype)")
     out = os.fspath(out_dir)
+    from memagent.runfiles import folder_problem
+
+    problem = folder_problem(out)
+    if problem and problem != "is a file":
+        raise ConfigError(f"--out {out!r} {problem}; choose a new folder")
     if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
         raise ConfigError(f"--out {out!r} exists and is not an empty directory; choose a new folder")
     if checkpoint is None:
