@@ -24,9 +24,10 @@ class Sample:
         context: the document text the agent reads chunk by chunk.
         answers: gold answers (empty when unknown, e.g. for `memagent run`); a list is stored as a tuple.
 
-    Raises:
-        TypeError: ``answers`` is a bare string or holds non-strings.
         metadata: free-form provenance (task, length in tokens, tokenizer name, ...).
+
+    Raises:
+        TypeError: ``id`` is not a string, or ``answers`` is a bare string or holds non-strings.
     """
 
     id: str
@@ -36,6 +37,9 @@ class Sample:
     metadata: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
+        if not isinstance(self.id, str):  # ids become request ids, row keys and file names
+            raise TypeError(f"Sample id must be a string, got {type(self.id).__name__} {self.id!r}; write "
+                            f"id={str(self.id)!r}")
         # a bare string would otherwise be taken for a sequence of one-character answers
         if isinstance(self.answers, str):
             raise TypeError(f"Sample {self.id!r}: answers must be a tuple of strings, got the string "

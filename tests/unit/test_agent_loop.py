@@ -187,7 +187,24 @@ def test_config_validation():
     with pytest.raises(ConfigError, match="top_p"):
         AgentConfig(top_p=0)
     with pytest.raises(ConfigError, match="tokenizer"):
-        MemoryAgent(type("B", (), {"name": "x", "tokenizer": None})())
+        MemoryAgent(type("B", (), {"name": "x", "tokenizer": None, "generate": lambda self, r: []})())
+    b = ScriptedBackend()
+    with pytest.raises(TypeError, match="MemoryAgent: backend must be a backend object .* got str 'scripted'"):
+        MemoryAgent("scripted")
+    with pytest.raises(TypeError, match=r"config must be an AgentConfig, got dict; write AgentConfig\(chunk_tokens"):
+        MemoryAgent(b, {"chunk_tokens": 10})
+    with pytest.raises(TypeError, match="Sample id must be a string, got int 1; write id='1'"):
+        Sample(1, "q?", "doc")
+    with pytest.raises(ConfigError, match="cannot load tokenizer 'nope-tok'"):
+        MemoryAgent(b, tokenizer="nope-tok")
+    agent = MemoryAgent(b, tokenizer="bytes")  # a spec, as --tokenizer takes it
+    with pytest.raises(ConfigError, match="question and document must be strings, got str and dict"):
+        agent.answer("q?", {"a": 1})  # not read as its keys
+    assert agent.tokenizer.encode("ab") == [97, 98] and ScriptedBackend(tokenizer="bytes").tokenizer.encode("a") == [97]
+    with pytest.raises(ConfigError, match="replies ran out at request s/chunk0"):
+        MemoryAgent(ScriptedBackend(replies=[])).run([Sample("s", "q?", "doc")])
+    with pytest.raises(TypeError, match="the reply to request s/chunk0 must be a string, got NoneType"):
+        MemoryAgent(ScriptedBackend(responder=lambda r: None)).run([Sample("s", "q?", "doc")])
 
 
 def test_server_backends_run_one_chain_per_sample_with_bounded_concurrency():

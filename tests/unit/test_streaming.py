@@ -204,6 +204,8 @@ def test_stream_and_iterator_sources_are_read_once():
     with pytest.raises(DataError, match="piece 1 is of type int"):
         _text(IterText(["a", 3]))
     assert document_source("plain") == "plain" and document_source(None) is None
+    for not_text in ({"a": 1}, {"a", "b"}, 3):  # a mapping's keys or a set's order are no document
+        assert document_source(not_text) is not_text  # left for the agent to refuse by its type
 
 
 def test_agent_answers_the_same_from_a_string_a_path_a_stream_and_an_iterator(tmp_path):
@@ -215,7 +217,7 @@ def test_agent_answers_the_same_from_a_string_a_path_a_stream_and_an_iterator(tm
     p.write_text(doc, encoding="utf-8")
     agent = MemoryAgent(ScriptedBackend(), AgentConfig(chunk_tokens=500, memory_tokens=400, max_context_tokens=3001))
     base = agent.answer("What is the key?", doc)
-    for document in (p, open(p, "rb"), iter(string_pieces(doc, 333))):
+    for document in (p, open(p, "rb"), iter(string_pieces(doc, 333)), open(p, encoding="utf-8"), io.StringIO(doc)):
         got = agent.answer("What is the key?", document)
         assert got.answer == base.answer and got.document_tokens == base.document_tokens == 3001
         assert [t.context_chars for t in got.turns] == [t.context_chars for t in base.turns]

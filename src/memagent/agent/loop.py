@@ -41,7 +41,7 @@ from memagent.backends.base import DEFAULT_CHAT_OVERHEAD_TOKENS, Backend
 from memagent.chunking import ChunkStream, TextSource, source_ranges
 from memagent.errors import BackendError, ConfigError
 from memagent.runfiles.trace import prune_trace, trace_rows, write_trace  # noqa: F401 - moved there; older imports
-from memagent.tokenization import Tokenizer, count_tokens, lone_surrogate
+from memagent.tokenization import Tokenizer, count_tokens, load_tokenizer, lone_surrogate
 from memagent.types import Chunk, Completion, Message, Request, Sample, Trajectory, Turn
 
 
@@ -83,13 +83,15 @@ class MemoryAgent:
         backend: the chat model.
         config: budgets and sampling (:class:`AgentConfig`).
         templates: the prompts; default the file ``config.templates`` names, else :data:`DEFAULT_TEMPLATES`.
-        tokenizer: the model's tokenizer, used for chunking and budgets; default ``backend.tokenizer``.
+        tokenizer: the model's tokenizer, used for chunking and budgets, or a spec as ``--tokenizer`` takes it
+            (``"bytes"``, ``"smollm2"``, a tokenizer.json, an HF folder, a .gguf); default ``backend.tokenizer``.
         keep_token_ids: keep each turn's exact prompt and response token ids (training needs them); without
             them a trajectory holds only texts, so a sample's memory does not grow with its document.
 
     Raises:
-        ConfigError: no tokenizer is available (servers need one passed explicitly), or the templates file
-            cannot be read.
+        ConfigError: no tokenizer is available (servers need one passed explicitly), a tokenizer spec that does
+            not load, or the templates file cannot be read.
+        TypeError: ``backend`` is not a backend object or ``config`` not an :class:`AgentConfig`.
     """
 
     def __init__(
@@ -100,6 +102,14 @@ class MemoryAgent:
         tokenizer: Tokenizer | None = None,
         keep_token_ids: bool = True,
     ):
+        if not callable(getattr(backend, "generate", None)):
+            raise TypeError(f"MemoryAgent: backend must be a backend object (memagent.backends.make_backend('llamacpp'), "
+                            f"memagent.embedded.load() ...), got {type(backend).__name__} {backend!r}")
+        if config is not None and not isinstance(config, AgentConfig):
+            raise TypeError(f"MemoryAgent: config must be an AgentConfig, got {type(config).__name__}; write "
+                            "AgentConfig(chunk_tokens=..., memory_tokens=...)")
+        if isinstance(tokenizer, str):  # a spec, as --tokenizer takes it ("bytes", "smollm2", a tokenizer.json)
+            tokenizer = load_tokenizer(tokenizer)
         self.backend = backend
         self.keep_token_ids = keep_token_ids
         self.config = config or AgentConfig()

@@ -58,7 +58,8 @@ class ScriptedBackend:
             (``<sample id>/<turn>``, e.g. ``"^s1/"``: every turn of sample s1; ``"final$"``: every final turn).
             Matching requests come back with ``finish_reason="error"``.
         context_tokens: context window to report (``None`` = unknown).
-        tokenizer: used to count prompt/completion tokens; default :class:`ByteTokenizer`.
+        tokenizer: used to count prompt/completion tokens, or a spec as ``--tokenizer`` takes it (``"bytes"``,
+            ``"smollm2"``, a tokenizer.json); default :class:`ByteTokenizer`.
         batched: report itself as an in-process batched backend (True) or a server (False).
 
     Attributes:
@@ -74,13 +75,17 @@ class ScriptedBackend:
         replies: Sequence[str] | None = None,
         fail: Callable[[Request], bool] | str | None = None,
         context_tokens: int | None = None,
-        tokenizer: Tokenizer | None = None,
+        tokenizer: Tokenizer | str | None = None,
         batched: bool = True,
     ):
         self.responder = responder or default_responder
         self._replies = list(replies) if replies is not None else None
         self.fail = _fail_predicate(fail)
         self.context_tokens = check_context_tokens(context_tokens, "scripted")
+        if isinstance(tokenizer, str):  # a spec, as --tokenizer takes it
+            from memagent.tokenization import load_tokenizer
+
+            tokenizer = load_tokenizer(tokenizer)
         self.tokenizer = tokenizer or ByteTokenizer()
         self.batched = batched
         self.name = "scripted"
@@ -102,7 +107,13 @@ class ScriptedBackend:
             if self.fail is not None and self.fail(r):
                 out.append(Completion("", "error", error=f"scripted failure for {r.request_id}"))
                 continue
+            if self._replies is not None and not self._replies:
+                raise ConfigError(f"scripted backend: its replies ran out at request {r.request_id} (each request "
+                                  "takes the next reply; give one per request)")
             text = self._replies.pop(0) if self._replies is not None else self.responder(r)
+            if not isinstance(text, str):
+                raise TypeError(f"scripted backend: the reply to request {r.request_id} must be a string, got "
+                                f"{type(text).__name__} {text!r}")
             ids = self.tokenizer.encode(text)
             finish = "stop"
             if len(ids) > r.max_tokens:

@@ -10,8 +10,10 @@ incrementally. Each is read once per sample (center truncation too: see :class:`
 from __future__ import annotations
 
 import codecs
+import io
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from typing import IO, Any
 
 from memagent.data.io import _BINARY_PROBE_BYTES, _BOMS, _binary_reason
@@ -180,7 +182,9 @@ def document_source(document: Any, allow_binary: bool = False, warn: Callable[[s
 
     Args:
         document: a string (returned as is); a path (``os.PathLike``; a ``str`` is text, not a path); a binary
-            file object; an iterable of strings; or a :class:`memagent.chunking.TextSource` (returned as is).
+            file object (decoded by the rules above) or a text one (``open(path)``, ``io.StringIO``, read as it
+            is); an iterable of strings (not a mapping or a set); or a :class:`memagent.chunking.TextSource`
+            (returned as is).
         allow_binary, warn: as :class:`FileText`.
 
     Returns:
@@ -200,8 +204,11 @@ def document_source(document: Any, allow_binary: bool = False, warn: Callable[[s
         from memagent.data.io import read_document_text
 
         return read_document_text(bytes(document), allow_binary=allow_binary, warn=warn)
+    if isinstance(document, io.TextIOBase):  # open(path), io.StringIO, sys.stdin: already text
+        name = str(getattr(document, "name", "the text stream"))
+        return IterText(iter(lambda: document.read(READ_BYTES), ""), name)
     if hasattr(document, "read"):
         return StreamText(document, getattr(document, "name", "the stream"), allow_binary, warn)
-    if isinstance(document, Iterable):
+    if isinstance(document, Iterable) and not isinstance(document, (Mapping, AbstractSet)):
         return IterText(document)
-    return document  # not a document: the agent refuses it by its type
+    return document  # not a document (a dict, a set, a number): the agent refuses it by its type
