@@ -109,7 +109,7 @@ def _prediction_row(sample, traj, settings: dict | None = None, trace: Path | No
 def run(
     question: Optional[str] = typer.Option(None, "--question", "-q", help="the question (single-document mode)"),
     document: Optional[str] = typer.Option(None, "--document", "-d", help="document file, or '-' for stdin"),
-    input: Optional[Path] = typer.Option(None, "--input", "-i", help="JSONL of samples: id, question, context, optional answers"),
+    input: Optional[Path] = typer.Option(None, "--input", "-i", help="JSONL of samples: id, question, context, optional answers ('-' reads them from stdin)"),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="predictions JSONL (with --input), written as samples finish"),
     trace: Optional[str] = typer.Option(None, "--trace", help="write every turn (memory after each chunk) as JSONL"),
     show_memory: bool = typer.Option(False, "--show-memory", help="print the memory after every chunk"),
@@ -210,7 +210,7 @@ def _run_samples(question, document, input, output, trace, resume, allow_binary:
     from memagent.data.io import read_samples
     from memagent.runfiles import finished_ids, input_sha256
 
-    check_paths({"--input": input}, {"--output": output, "--trace": trace})
+    check_paths({"--input": None if str(input) == "-" else input}, {"--output": output, "--trace": trace})
     samples = read_samples(input)
     if not samples:
         raise MemagentError(f"--input {input} holds no samples")

@@ -442,3 +442,10 @@ def test_run_settings_identify_model_and_adapter_files_by_content_not_spelling(t
     assert _run_settings(b, agent, "./a.gguf")["model_sha256"] == hashlib.sha256(b"other weights").hexdigest()
     plain = _run_settings(types.SimpleNamespace(name="scripted"), agent)
     assert "model_sha256" not in plain and "lora_sha256" not in plain and plain["backend"] == "scripted"
+
+
+def test_input_samples_from_stdin(tmp_path):
+    inp, out = _input(tmp_path), tmp_path / "preds.jsonl"
+    r = CliRunner().invoke(app, ["run", "-i", "-", "-o", str(out), "-b", "scripted"], input=inp.read_text())
+    assert r.exit_code == 0, r.output
+    assert [json.loads(x)["sample_id"] for x in out.read_text().splitlines()] == ["s0", "s1", "s2"]

@@ -182,3 +182,10 @@ def test_training_data_is_compared_by_its_questions_not_its_path(tmp_path):
     a.write_text(original)
     shutil.copy(a, b)
     assert run(b).step == 2  # the same questions under another path resume
+
+
+def test_a_budget_that_does_not_fit_names_the_training_settings(tmp_path):
+    with pytest.raises(ConfigError, match=r"context window of hf:model is 4096 tokens. To fix: lower "
+                                          r"agent.chunk_tokens to at most 3907; or use a model with a larger "
+                                          r"context window \(model.path\)$"):
+        _run(tmp_path / "b", "agent.chunk_tokens=100000")

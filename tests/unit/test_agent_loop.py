@@ -203,6 +203,10 @@ def test_config_validation():
     assert agent.tokenizer.encode("ab") == [97, 98] and ScriptedBackend(tokenizer="bytes").tokenizer.encode("a") == [97]
     with pytest.raises(ConfigError, match="replies ran out at request s/chunk0"):
         MemoryAgent(ScriptedBackend(replies=[])).run([Sample("s", "q?", "doc")])
+    got = MemoryAgent(ScriptedBackend()).run(Sample(f"g{k}", "q?", "doc") for k in range(2))  # a generator
+    assert [t.sample_id for t in got] == ["g0", "g1"]
+    with pytest.raises(ConfigError, match="samples must be a list of Samples, got Sample"):
+        MemoryAgent(ScriptedBackend()).run(Sample("s", "q?", "doc"))
     with pytest.raises(TypeError, match="the reply to request s/chunk0 must be a string, got NoneType"):
         MemoryAgent(ScriptedBackend(responder=lambda r: None)).run([Sample("s", "q?", "doc")])
 

@@ -42,8 +42,13 @@ def test_jsonl_errors_name_file_line_field(tmp_path):
         read_samples(p)
     with pytest.raises(DataError, match="not found"):
         read_samples(tmp_path / "missing.jsonl")
-    with pytest.raises(DataError, match="unknown file type"):
+    (tmp_path / "x.txt").write_text("")
+    with pytest.raises(DataError, match=r"unknown file type; use one of .jsonl, .json, .parquet \(or .ndjson; '-'"):
         read_samples(tmp_path / "x.txt")
+    rows = '{"id": "1", "question": "q", "context": "c"}\n'
+    for name in ("UP.JSONL", "x.ndjson"):  # any case; .ndjson is JSON lines
+        (tmp_path / name).write_text(rows)
+        assert [s.id for s in read_samples(tmp_path / name)] == ["1"]
     (tmp_path / "garbage.parquet").write_text("not parquet at all")
     with pytest.raises(DataError, match=r"garbage\.parquet: not a readable parquet file \("):
         read_samples(tmp_path / "garbage.parquet")
@@ -253,3 +258,26 @@ def test_a_stray_control_character_does_not_make_a_text_binary():
     assert read_document_text(b"hello\x04world\n", "t", warn=pytest.fail) == "hello\x04world\n"  # 1 of 12 bytes
     with pytest.raises(DataError, match="17 of its first 17 bytes"):
         read_document_text(b"\x01" * 17, "t")
+
+
+def test_json_lines_from_stdin_and_from_a_pipe(tmp_path, monkeypatch):
+    import io
+    import os
+    import sys
+
+    rows = b'{"id": "a", "question": "q", "context": "c"}\n\n{"id": "b", "question": "q", "context": "d"}\n'
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(rows)))
+    assert [s.id for s in read_samples("-")] == ["a", "b"]
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b'{"id": "a"}\n')))
+    with pytest.raises(DataError, match="^stdin:1: "):
+        read_samples("-")
+    import subprocess
+
+    fifo, src = tmp_path / "pipe", tmp_path / "rows.jsonl"
+    src.write_bytes(rows)
+    os.mkfifo(fifo)
+    writer = subprocess.Popen(["sh", "-c", 'cat "$0" > "$1"', str(src), str(fifo)])  # as a shell's <(cat rows.jsonl)
+    try:
+        assert [s.id for s in read_samples(fifo)] == ["a", "b"]
+    finally:
+        writer.wait(timeout=10)

@@ -30,7 +30,7 @@ import threading
 import time
 import zlib
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -76,6 +76,11 @@ TurnCallback = Callable[[Sample, Turn], None]
 ResultCallback = Callable[[Sample, Trajectory], None]
 
 
+#: How a budget error names the settings to change, on the command line (:meth:`MemoryAgent.check_budget`).
+CLI_SETTING_NAMES = {"chunk_tokens": "--chunk-tokens", "memory_tokens": "--memory-tokens",
+                     "final_tokens": "--final-tokens", "window": "--n-ctx"}
+
+
 class MemoryAgent:
     """Answers questions over long documents through any :class:`Backend`.
 
@@ -93,6 +98,9 @@ class MemoryAgent:
             not load, or the templates file cannot be read.
         TypeError: ``backend`` is not a backend object or ``config`` not an :class:`AgentConfig`.
     """
+
+    #: How budget errors name the settings (:meth:`check_budget`); a caller with other names sets its own.
+    setting_names: Mapping[str, str] = CLI_SETTING_NAMES
 
     def __init__(
         self,
@@ -141,14 +149,22 @@ class MemoryAgent:
             self._fixed[kind] = self._prompt_tokens(msgs) - marker  # the empty memory rendered the marker
         return self._fixed[kind]
 
-    def check_budget(self, question: str, sample_id: str = "?") -> None:
+    def check_budget(self, question: str, sample_id: str = "?", names: Mapping[str, str] | None = None) -> None:
         """Check that both calls for ``question`` fit the backend's context window.
+
+        Args:
+            question: the sample's question.
+            sample_id: how the error names the sample.
+            names: how the error names the settings to change: ``chunk_tokens``, ``memory_tokens``,
+                ``final_tokens`` and ``window`` (default :attr:`setting_names`: the command-line flags unless the
+                caller set others, as the trainer does with ``agent.chunk_tokens`` ...).
 
         Raises:
             ConfigError: naming the call, every term of the sum, and the setting to change; or the question holds
                 a lone surrogate code point, which no tokenizer can encode.
         """
         _refuse_lone_surrogate(question, f"sample {sample_id}: the question")
+        names = {**CLI_SETTING_NAMES, **self.setting_names, **(names or {})}
         window = self.backend.context_tokens
         if window is None:
             return
@@ -171,20 +187,20 @@ class MemoryAgent:
                     fixes.append(f"shorten the question (it alone is {q} tokens)")
                 if call == "update":
                     if c.chunk_tokens - over >= 1:
-                        fixes.append(f"lower --chunk-tokens to at most {c.chunk_tokens - over}")
+                        fixes.append(f"lower {names['chunk_tokens']} to at most {c.chunk_tokens - over}")
                     mem_max = (window - (need - 2 * c.memory_tokens)) // 2
                     if mem_max >= 1:
-                        fixes.append(f"lower --memory-tokens to at most {mem_max} (it counts twice: memory in, memory out)")
+                        fixes.append(f"lower {names['memory_tokens']} to at most {mem_max} (it counts twice: memory in, memory out)")
                     room = window - (need - c.chunk_tokens - mem_in - c.memory_tokens)  # for chunk + memory in/out
                     mem = max(1, min(c.memory_tokens, room // 4))  # never a higher cap than the one given
                     chunk = min(c.chunk_tokens, room - max(mem, count_tokens(self.tokenizer, self.templates.no_memory)) - mem)
                     if chunk >= 1 and c.chunk_tokens - over < 1 and mem_max < 1:  # no single setting is enough
-                        fixes.append(f"lower both, e.g. --chunk-tokens {chunk} --memory-tokens {mem}")
+                        fixes.append(f"lower both, e.g. {names['chunk_tokens']} {chunk} {names['memory_tokens']} {mem}")
                 else:
                     if c.final_tokens - over >= 1:
-                        fixes.append(f"lower --final-tokens to at most {c.final_tokens - over}")
-                    fixes.append("lower --memory-tokens")
-                fixes.append("use a model with a larger context window (--n-ctx)")
+                        fixes.append(f"lower {names['final_tokens']} to at most {c.final_tokens - over}")
+                    fixes.append(f"lower {names['memory_tokens']}")
+                fixes.append(f"use a model with a larger context window ({names['window']})")
                 fix = "; or ".join(fixes)
                 raise ConfigError(
                     f"sample {sample_id}: the {call} call needs {need} tokens ({detail}) but the context window of "
@@ -273,7 +289,7 @@ class MemoryAgent:
 
     def run(
         self,
-        samples: Sequence[Sample],
+        samples: Sequence[Sample] | Iterable[Sample],
         on_result: ResultCallback | None = None,
         on_turn: TurnCallback | None = None,
         progress: bool = False,
@@ -292,6 +308,11 @@ class MemoryAgent:
                 first call).
             BackendError: only with ``strict=True``, on the first failed request.
         """
+        if not isinstance(samples, Sequence):
+            if isinstance(samples, Sample) or not isinstance(samples, Iterable):
+                raise ConfigError(f"samples must be a list of Samples, got {type(samples).__name__} (one sample: "
+                                  "[sample], or MemoryAgent.answer(question, document))")
+            samples = list(samples)  # a generator: every budget is checked before the first call
         for k, s in enumerate(samples):
             if not isinstance(s, Sample):
                 hint = (" (a dict: convert it with memagent.data.schema.sample_from_dict, or read a file with "

@@ -1,8 +1,8 @@
 """Read and write samples: JSONL, JSON and parquet, our schema and the reference's layouts.
 
-``read_samples(path)`` accepts, by file extension:
+``read_samples(path)`` accepts, by file extension (any case):
 
-- ``.jsonl``: one object per line (our schema, or any reference layout, see
+- ``.jsonl`` (or ``.ndjson``; also a pipe such as ``/dev/stdin``, and ``-`` for stdin): one object per line (our schema, or any reference layout, see
   :func:`memagent.data.schema.sample_from_reference`); blank lines are skipped;
 - ``.json``: a list of such objects (the reference's ``eval_{N}.json`` and ``eval_{task}_{len}.json``);
 - ``.parquet``: rows of such objects (the reference's training parquet).
@@ -31,10 +31,16 @@ _FORMATS = (".jsonl", ".json", ".parquet")
 
 
 def _format(path: Path) -> str:
+    name = path.name.lower()
+    if name.endswith(".ndjson"):
+        return ".jsonl"
     for ext in _FORMATS:
-        if path.name.endswith(ext):
+        if name.endswith(ext):
             return ext
-    raise DataError(f"{str(path)!r}: unknown file type; use one of {', '.join(_FORMATS)}")
+    if path.exists() and not path.is_file() and not path.is_dir():  # a pipe (/dev/stdin, <(cmd)): lines of JSON
+        return ".jsonl"
+    raise DataError(f"{str(path)!r}: unknown file type; use one of {', '.join(_FORMATS)} (or .ndjson; '-' reads "
+                    "JSON lines from stdin)")
 
 
 def _read_bytes(p: Path) -> bytes:
@@ -78,6 +84,18 @@ def _decode(raw: bytes, where: str, first: bool) -> str:
                         "(e.g. iconv -f latin1 -t utf-8)") from None
 
 
+def _jsonl_records(data: bytes, name: str) -> Iterator[tuple[str, Any]]:
+    """``(location, record)`` for every non-blank line of JSON-lines bytes (``name`` for messages)."""
+    for lineno, raw in enumerate(data.split(b"\n"), 1):
+        line = _decode(raw, f"{name}:{lineno}", lineno == 1)
+        if not line.strip():
+            continue
+        obj = _parse_json(line, f"{name}:{lineno}")
+        if _SURROGATE_ESCAPE.search(raw):
+            check_unicode(obj, f"{name}:{lineno}")
+        yield f"{name}:{lineno}", obj
+
+
 def iter_records(path: str | os.PathLike) -> Iterator[tuple[str, Any]]:
     """Yield ``(location, record)`` for every record of a JSONL / JSON / parquet file.
 
@@ -89,21 +107,19 @@ def iter_records(path: str | os.PathLike) -> Iterator[tuple[str, Any]]:
             pair, which no tokenizer can encode; :func:`memagent.data.schema.check_unicode`), or a parquet file
             cannot be read.
     """
+    if os.fspath(path) == "-":
+        import sys
+
+        yield from _jsonl_records(sys.stdin.buffer.read(), "stdin")
+        return
     p = Path(path)
-    fmt = _format(p)
     if p.is_dir():
-        raise DataError(f"input file {str(p)!r} is a folder; give a {fmt} file")
-    if not p.is_file():
+        raise DataError(f"input file {str(p)!r} is a folder; give a {' or '.join(_FORMATS)} file")
+    if not p.exists():
         raise DataError(f"input file {str(p)!r} not found")
+    fmt = _format(p)
     if fmt == ".jsonl":
-        for lineno, raw in enumerate(_read_bytes(p).split(b"\n"), 1):
-            line = _decode(raw, f"{p}:{lineno}", lineno == 1)
-            if not line.strip():
-                continue
-            obj = _parse_json(line, f"{p}:{lineno}")
-            if _SURROGATE_ESCAPE.search(raw):
-                check_unicode(obj, f"{p}:{lineno}")
-            yield f"{p}:{lineno}", obj
+        yield from _jsonl_records(_read_bytes(p), str(p))
     elif fmt == ".json":
         raw = _read_bytes(p)
         data = _parse_json(_decode(raw, str(p), True), str(p))

@@ -50,6 +50,12 @@ from memagent.train.rollout import collect_rollouts
 from memagent.train.update import mini_batch_backward, mini_batch_units
 
 
+#: How a budget error names the settings to change in a training config (:meth:`MemoryAgent.check_budget`).
+TRAIN_SETTING_NAMES = {"chunk_tokens": "agent.chunk_tokens", "memory_tokens": "agent.memory_tokens",
+                       "final_tokens": "agent.final_tokens",
+                       "window": "model.path"}
+
+
 class Trainer:
     """Multi-conversation GRPO trainer (see module docstring).
 
@@ -189,7 +195,9 @@ class Trainer:
         from memagent.agent.loop import MemoryAgent
 
         conf = dataclasses.replace(self.cfg.agent.rollout, temperature=temperature, top_p=top_p, seed=seed, strict=True)
-        return MemoryAgent(self.backend, conf, self.templates)
+        agent = MemoryAgent(self.backend, conf, self.templates)
+        agent.setting_names = TRAIN_SETTING_NAMES
+        return agent
 
     def step_samples(self) -> tuple[list, int]:
         """This process's questions for the next step and the global index of its first one (see
