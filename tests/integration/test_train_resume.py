@@ -189,3 +189,9 @@ def test_a_budget_that_does_not_fit_names_the_training_settings(tmp_path):
                                           r"agent.chunk_tokens to at most 3907; or use a model with a larger "
                                           r"context window \(model.path\)$"):
         _run(tmp_path / "b", "agent.chunk_tokens=100000")
+
+
+def test_more_questions_a_step_than_the_data_holds_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"rl.prompts_per_step=8 exceeds the 4 training questions .*lower "
+                                          r"rl.prompts_per_step"):
+        _run(tmp_path / "p", "rl.prompts_per_step=8")

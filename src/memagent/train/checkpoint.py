@@ -37,11 +37,16 @@ RESUMABLE_CHANGES = frozenset({
 })
 
 
+#: What a training run writes into ``run.output_dir`` besides ``config.json``: a folder holding any of them is
+#: a run's (maybe one stopped during its first validation), and may be resumed.
+RUN_ENTRIES = ("metrics.jsonl", "checkpoints", "val", "tb", "policy", "adapter", "rollout", "rollout_adapters")
+
+
 def check_output_dir(path: str | os.PathLike) -> None:
     """Refuse a ``run.output_dir`` that cannot hold a training run, before any model loads: a file, a path
     under a file or a broken link; a folder whose ``config.json`` is not a training config (an export: the run
-    would write its own over it); and a folder that holds files but no run (no ``metrics.jsonl``,
-    ``checkpoints/`` or training ``config.json``). An absent or empty folder, or one holding a run (with
+    would write its own over it); and a folder that holds files but no run (none of :data:`RUN_ENTRIES` nor a
+    training ``config.json``). An absent or empty folder, or one holding a run (with
     whatever notes were copied beside it), passes.
 
     Raises:
@@ -59,8 +64,7 @@ def check_output_dir(path: str | os.PathLike) -> None:
     if os.path.isfile(config) and not _is_train_config(config):
         raise ConfigError(f"{where} holds a config.json that is not a training config (an exported model?), which "
                           "the run would overwrite; give a new or empty folder")
-    is_run = os.path.isfile(config) or os.path.exists(os.path.join(path, "metrics.jsonl")) \
-        or os.path.isdir(os.path.join(path, "checkpoints"))
+    is_run = os.path.isfile(config) or any(os.path.exists(os.path.join(path, name)) for name in RUN_ENTRIES)
     entries = sorted(e for e in os.listdir(path) if not e.startswith("."))
     if entries and not is_run:
         shown = ", ".join(entries[:4]) + (f" and {len(entries) - 4} more" if len(entries) > 4 else "")

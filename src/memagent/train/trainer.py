@@ -102,6 +102,11 @@ class Trainer:
         self.train_samples = train_samples if train_samples is not None else data.train_data(cfg)
         self.val_samples = val_samples if val_samples is not None else data.val_data(cfg)
         data.check_gold(self.train_samples, cfg.data.train_path or "the training set")
+        if cfg.rl.prompts_per_step > len(self.train_samples):
+            raise ConfigError(f"rl.prompts_per_step={cfg.rl.prompts_per_step} exceeds the {len(self.train_samples)} "
+                              f"training questions ({cfg.data.train_path or 'data.synthetic_train_size'}): a step "
+                              "would take some questions twice, as groups of the same ids and seeds; lower "
+                              "rl.prompts_per_step (or rl.group_size gives more rollouts per question)")
         self.train_data_sha256 = data.samples_sha256(self.train_samples)
         for m, vs in self.val_samples.items():
             data.check_gold(vs, cfg.data.val_path or f"the x{m} validation set")
