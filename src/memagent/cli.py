@@ -110,8 +110,8 @@ def run(
     question: Optional[str] = typer.Option(None, "--question", "-q", help="the question (single-document mode)"),
     document: Optional[str] = typer.Option(None, "--document", "-d", help="document file, or '-' for stdin"),
     input: Optional[Path] = typer.Option(None, "--input", "-i", help="JSONL of samples: id, question, context, optional answers ('-' reads them from stdin)"),
-    output: Optional[str] = typer.Option(None, "--output", "-o", help="predictions JSONL (with --input), written as samples finish"),
-    trace: Optional[str] = typer.Option(None, "--trace", help="write every turn (memory after each chunk) as JSONL"),
+    output: Optional[str] = typer.Option(None, "--output", "-o", metavar="<path>", help="predictions JSONL (with --input), written as samples finish (without it, the rows are printed)"),
+    trace: Optional[str] = typer.Option(None, "--trace", metavar="<path>", help="write every turn (memory after each chunk) as JSONL"),
     show_memory: bool = typer.Option(False, "--show-memory", help="print the memory after every chunk"),
     resume: bool = typer.Option(False, "--resume", help="with --input/--output: keep the rows --output already holds and run only the samples it lacks (or that failed)"),
     overwrite: bool = typer.Option(False, "--overwrite", help="replace an --output or --trace file that already holds rows (without it, such a file is refused: use --resume to continue it)"),
@@ -262,13 +262,13 @@ def demo(
     data_root: Optional[Path] = DATA_ROOT,
     index: int = typer.Option(0, "--index", min=0, help="which HotpotQA dev question (position in the dev subset), or which RULER sample"),
     target_tokens: int = typer.Option(30000, "--target-tokens", min=1, help="document length in tokens (gold paragraphs hidden among distractors; with --ruler, the RULER length)"),
-    trace: Optional[str] = typer.Option(None, "--trace", help="write every turn as JSONL"),
+    trace: Optional[str] = typer.Option(None, "--trace", metavar="<path>", help="write every turn as JSONL"),
     ruler: Optional[str] = typer.Option(None, "--ruler", help="instead of HotpotQA, a RULER document of this task (e.g. niah_single_2, niah_multikey_1); with --lora, the untrained and the trained agent read it side by side"),
     agent_config=None, backend_options=None,
 ):
     """Read a real HotpotQA question's paragraphs hidden in ~30K tokens of distractors; show memory and answer.
 
-    With ``--ruler TASK --lora ruler-niah``: a RULER document read by the untrained model and by the trained
+    With --ruler TASK --lora ruler-niah: a RULER document read by the untrained model and by the trained
     policy shipped in the package, their memories side by side after every chunk."""
     try:  # checked before any model loads: a bad --trace must not cost the whole reading
         trace = file_option(trace, "--trace", "trace.jsonl")

@@ -18,6 +18,14 @@ def test_a_trailing_slash_names_a_folder_not_a_file():
             file_option(value, "--trace", "trace.jsonl")
 
 
+def test_a_dash_is_not_taken_for_a_file_named_dash():
+    with pytest.raises(MemagentError, match="^--output - does not write to stdout: give a file path; without --output "
+                                            "the predictions are printed"):
+        file_option("-", "--output", "predictions.jsonl")
+    with pytest.raises(MemagentError, match="^--trace - does not write to stdout: give a file path$"):
+        file_option("-", "--trace", "trace.jsonl")
+
+
 def test_the_check_opens_the_file_and_leaves_nothing_behind(tmp_path):
     new, old = tmp_path / "new.jsonl", tmp_path / "old.jsonl"
     old.write_text("kept\n")

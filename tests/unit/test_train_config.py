@@ -218,3 +218,10 @@ def test_an_output_dir_that_cannot_hold_a_run_is_refused_before_any_model_loads(
         check_output_dir(ok)
     (tmp_path / "empty").mkdir()
     check_output_dir(tmp_path / "empty")
+
+
+def test_a_leading_tilde_in_a_path_setting_is_the_home_folder(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cfg = load_config("configs/train_cpu_small.yaml", ["data.train_path=~/x.jsonl", "run.output_dir=~/runs/a"])
+    assert cfg.data.train_path == str(tmp_path / "x.jsonl") and cfg.run.output_dir == str(tmp_path / "runs" / "a")
+    assert load_config("configs/train_cpu_small.yaml", ["run.output_dir=runs/~a"]).run.output_dir == "runs/~a"

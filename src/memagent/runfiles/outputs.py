@@ -61,10 +61,13 @@ def file_option(value: str | None, flag: str, example: str) -> Path | None:
     slash and write a file of the folder's name), so it is refused, naming a file path to give instead.
 
     Raises:
-        MemagentError: ``value`` ends with a slash.
+        MemagentError: ``value`` ends with a slash, or is ``-`` (stdout is not a row file).
     """
     if value is None:
         return None
+    if value == "-":
+        hint = "; without --output the predictions are printed (one JSON row per sample)" if flag == "--output" else ""
+        raise MemagentError(f"{flag} - does not write to stdout: give a file path{hint}")
     if value.endswith(("/", os.sep)):
         folder = value.rstrip("/" + os.sep) or "/"
         raise MemagentError(f"{flag} {value} ends with a slash, so it names a folder; give a file path, e.g. "

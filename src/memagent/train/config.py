@@ -406,7 +406,21 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | tuple[str
             raise ConfigError(f"bad YAML in {os.fspath(path)!r}: {e}") from e
         if not isinstance(data, dict):
             raise ConfigError(f"{os.fspath(path)!r} must hold a mapping of sections")
-    return config_from_dict(apply_overrides(data, list(overrides)))
+    return config_from_dict(_expand_home(apply_overrides(data, list(overrides))))
+
+
+#: Settings that name files or folders: a leading ``~`` is the user's home, as a shell would read it.
+PATH_KEYS = (("data", "train_path"), ("data", "val_path"), ("model", "path"), ("agent", "templates"),
+             ("run", "output_dir"), ("run", "rollout_adapter_dir"))
+
+
+def _expand_home(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with ``~`` expanded in :data:`PATH_KEYS` (YAML and overrides do not pass through a shell)."""
+    for section, key in PATH_KEYS:
+        part = data.get(section)
+        if isinstance(part, dict) and isinstance(part.get(key), str) and part[key].startswith("~"):
+            data = {**data, section: {**part, key: os.path.expanduser(part[key])}}
+    return data
 
 
 def config_to_dict(cfg: TrainConfig) -> dict[str, Any]:
