@@ -195,3 +195,15 @@ def test_more_questions_a_step_than_the_data_holds_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"rl.prompts_per_step=8 exceeds the 4 training questions .*lower "
                                           r"rl.prompts_per_step"):
         _run(tmp_path / "p", "rl.prompts_per_step=8")
+
+
+def test_a_rerun_of_a_finished_run_trains_nothing_and_leaves_its_policy_as_it_was(tmp_path):
+    import os
+
+    _run(tmp_path / "done")
+    policy = tmp_path / "done" / "policy"
+    stamps = {p.name: p.stat().st_mtime_ns for p in policy.iterdir()}
+    os.utime(policy / "config.json", ns=(1, 1))  # a rewrite would give it a new time
+    again = _run(tmp_path / "done")
+    assert again.step == 2 and (policy / "config.json").stat().st_mtime_ns == 1
+    assert {p.name for p in policy.iterdir()} == set(stamps)

@@ -35,6 +35,18 @@ def test_base_url_is_refused_by_backends_that_reach_no_server(backend, extra):
         BackendOptions(backend=backend, base_url="http://127.0.0.1:8000/v1", **extra).settings()
 
 
+@pytest.mark.parametrize("backend, extra", [("scripted", {}), ("openai", {"model": "m", "base_url": "http://h/v1"}),
+                                            ("hf", {"model": "d"})])
+def test_engine_options_of_other_backends_are_refused_not_ignored(backend, extra):
+    with pytest.raises(ConfigError, match=f"^--threads is not used by --backend {backend}; it sets the CPU threads"):
+        BackendOptions(backend=backend, threads=2, **extra).settings()
+    if backend != "openai":
+        for option, flag in (({"timeout": 5.0}, "--timeout"), ({"max_retries": 1}, "--max-retries")):
+            with pytest.raises(ConfigError, match=f"^{flag} is not used by --backend {backend}; it applies to server"):
+                BackendOptions(backend=backend, **option, **extra).settings()
+    assert BackendOptions(backend="llamacpp-batch", threads=2).settings()["n_threads"] == 2
+
+
 def test_lora_path_is_in_the_method_hash_only_when_given():
     grid = {"backend": {"name": "llamacpp", "n_ctx": 8192},
             "methods": [{"name": "base", "chunk_tokens": 512},

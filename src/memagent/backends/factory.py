@@ -75,6 +75,13 @@ class BackendOptions:
                                   "--backend llamacpp-batch")
             raise ConfigError(f"--lora is not used by --backend {name}; a llama.cpp LoRA GGUF needs --backend llamacpp "
                               "or llamacpp-batch (for hf or vllm, export the run merged: memagent export --format hf)")
+        if self.threads is not None and name not in ("llamacpp", "llamacpp-batch"):
+            raise ConfigError(f"--threads is not used by --backend {name}; it sets the CPU threads of llamacpp and "
+                              "llamacpp-batch")
+        for flag, value in (("--timeout", self.timeout), ("--max-retries", self.max_retries)):
+            if value is not None and name != "openai":
+                raise ConfigError(f"{flag} is not used by --backend {name}; it applies to server requests "
+                                  "(--backend openai)")
         if self.base_url and name != "openai":
             raise ConfigError(f"--base-url is not used by --backend {name}; a server is reached with --backend openai "
                               "(and --model, the served model's name)")

@@ -394,6 +394,7 @@ class Trainer:
             the last step's metrics.
         """
         r = self.cfg.run
+        start = self.step
         if self.dist.is_main:
             write_json(os.path.join(self.out_dir, "config.json"), config_to_dict(self.cfg), indent=1)
         if self.step == 0 and r.val_before_train and r.val_every and self.dist.is_main:
@@ -413,8 +414,9 @@ class Trainer:
                 self.save_checkpoint()
             if r.stop_after_step is not None and self.step >= r.stop_after_step:
                 break
-        if self.step >= r.total_steps and self.dist.is_main:
-            self.save_model_dir()
+        model_dir = os.path.join(self.out_dir, "adapter" if self.cfg.model.lora.enabled else "policy")
+        if self.step >= r.total_steps and self.dist.is_main and (self.step > start or not os.path.isdir(model_dir)):
+            self.save_model_dir()  # a rerun of a finished run trained nothing: its policy folder is already there
         if self._writer is not None:
             self._writer.close()
         return last
