@@ -62,6 +62,12 @@ def test_templates_from_file_and_errors(tmp_path):
     p.write_text("update: '{question}{memory}{chunk}'\nfinal: '{question}{memory}{chunk}'\n")
     with pytest.raises(ConfigError, match="must not contain"):
         PromptTemplates.from_file(p)
+    p.write_text("update: '{question}{memory}{chunk} again: {chunk}'\nfinal: '{question}{memory}{question}'\n")
+    with pytest.raises(ConfigError, match=r"the update template holds \{chunk\} more than once; each slot may appear once"):
+        PromptTemplates.from_file(p)
+    p.write_text("update: '{question}{memory}{chunk}'\nfinal: '{question}{memory}{question}'\n")
+    with pytest.raises(ConfigError, match=r"the final template holds \{question\} more than once"):
+        PromptTemplates.from_file(p)
     p.write_text("update: [1, 2]\nfinal: '{question}{memory}'\n")
     with pytest.raises(ConfigError, match="field 'update' must be text, got list"):
         PromptTemplates.from_file(p)

