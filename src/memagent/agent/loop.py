@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+from memagent.agent.budget import CLI_SETTING_NAMES, budget_fixes
 from memagent.agent.config import AgentConfig
 from memagent.agent.prompts import DEFAULT_TEMPLATES, PromptTemplates
 from memagent.answers import extract_answer, strip_reasoning
@@ -74,11 +75,6 @@ class _State:
 
 TurnCallback = Callable[[Sample, Turn], None]
 ResultCallback = Callable[[Sample, Trajectory], None]
-
-
-#: How a budget error names the settings to change, on the command line (:meth:`MemoryAgent.check_budget`).
-CLI_SETTING_NAMES = {"chunk_tokens": "--chunk-tokens", "memory_tokens": "--memory-tokens",
-                     "final_tokens": "--final-tokens", "window": "--n-ctx"}
 
 
 class MemoryAgent:
@@ -181,30 +177,11 @@ class MemoryAgent:
             need = sum(v for _, v in parts)
             if need > window:
                 detail = " + ".join(f"{k} {v}" for k, v in parts)
-                over = need - window
-                fixes = []
-                if q > window // 2:
-                    fixes.append(f"shorten the question (it alone is {q} tokens)")
-                if call == "update":
-                    if c.chunk_tokens - over >= 1:
-                        fixes.append(f"lower {names['chunk_tokens']} to at most {c.chunk_tokens - over}")
-                    mem_max = (window - (need - 2 * c.memory_tokens)) // 2
-                    if mem_max >= 1:
-                        fixes.append(f"lower {names['memory_tokens']} to at most {mem_max} (it counts twice: memory in, memory out)")
-                    room = window - (need - c.chunk_tokens - mem_in - c.memory_tokens)  # for chunk + memory in/out
-                    mem = max(1, min(c.memory_tokens, room // 4))  # never a higher cap than the one given
-                    chunk = min(c.chunk_tokens, room - max(mem, count_tokens(self.tokenizer, self.templates.no_memory)) - mem)
-                    if chunk >= 1 and c.chunk_tokens - over < 1 and mem_max < 1:  # no single setting is enough
-                        fixes.append(f"lower both, e.g. {names['chunk_tokens']} {chunk} {names['memory_tokens']} {mem}")
-                else:
-                    if c.final_tokens - over >= 1:
-                        fixes.append(f"lower {names['final_tokens']} to at most {c.final_tokens - over}")
-                    fixes.append(f"lower {names['memory_tokens']}")
-                fixes.append(f"use a model with a larger context window ({names['window']})")
-                fix = "; or ".join(fixes)
+                fixes = budget_fixes(call, need - window, need, q, c, mem_in,
+                                     count_tokens(self.tokenizer, self.templates.no_memory), names)
                 raise ConfigError(
                     f"sample {sample_id}: the {call} call needs {need} tokens ({detail}) but the context window of "
-                    f"{self.backend.name} is {window} tokens. To fix: {fix}"
+                    f"{self.backend.name} is {window} tokens. To fix: {'; or '.join(fixes)}"
                 )
 
     # ------------------------------------------------------------------------------------------ loop
