@@ -58,6 +58,15 @@ def test_greedy_matches_manual_argmax_and_batching(backend, tiny):
     assert alone.usage.prompt_tokens == len(alone.prompt_token_ids)
 
 
+def test_greedy_generation_sets_no_sampling_flag(backend, caplog):
+    """transformers logs "generation flags are not valid" for a sampling flag (top_k) given to greedy decoding."""
+    import logging
+
+    with caplog.at_level(logging.WARNING):
+        backend.generate([Request((Message("user", "fox"),), 3, 0.0, 1.0, None, "g")])
+    assert not [r for r in caplog.records if "generation flags are not valid" in r.getMessage()]
+
+
 def test_sampling_is_seeded_and_leaves_global_rng(backend):
     reqs = [Request((Message("user", "fox"),), 8, 1.0, 0.9, 7, f"q#g{j}/chunk0") for j in range(3)]
     torch.manual_seed(123)

@@ -299,7 +299,8 @@ class HFBackend(ChatTokens):
         # every field left unset here from it.
         cfg = GenerationConfig(
             max_new_tokens=max_new, do_sample=sample, temperature=temperature if sample else None,
-            top_p=top_p if sample else None, top_k=0, eos_token_id=self.stop_ids, pad_token_id=self.pad_id,
+            top_p=top_p if sample else None, top_k=0 if sample else None,  # greedy: no sampling flag (transformers warns)
+            eos_token_id=self.stop_ids, pad_token_id=self.pad_id,
             bos_token_id=None, **(extra or {}),
         )
         was_training, own = self.model.training, self.model.generation_config
