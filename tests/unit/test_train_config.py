@@ -60,7 +60,7 @@ def test_overrides_and_types():
     (["run.keep_checkpoints=-1"], "run.keep_checkpoints must be >= 1"),
     (["run.save_every=-1"], r"need run.save_every >= 0 and run.val_every >= 0"),
     (["run.stop_after_step=0"], "run.stop_after_step must be >= 1 or null"),
-    (["data.val_path=v.jsonl", "data.val_context_multipliers=[1, 4]"], "applies to synthetic validation only"),
+    (["data.val_path=v.jsonl", "data.val_context_multipliers=[1, 4]", "run.val_every=5"], "applies to synthetic validation only"),
     (["run.dist_timeout_s=0"], "run.dist_timeout_s must be >= 1"),
     (["run.torch_threads=-1"], "run.torch_threads must be >= 1 or null .torch's default., got -1"),
     (["run.torch_threads=0"], "run.torch_threads must be >= 1 or null"),
@@ -107,6 +107,8 @@ def test_validation_off_reads_no_validation_file(tmp_path):
 
     val_file = [f"data.val_path={tmp_path / 'absent_val.jsonl'}", "data.val_context_multipliers=[1]"]
     assert val_data(load_config("configs/train_cpu_small.yaml", [*val_file, "run.val_every=0"])) == {}
+    # the preset's synthetic multipliers [1, 4] do not matter either when validation is off
+    assert val_data(load_config("configs/train_cpu_small.yaml", [val_file[0], "run.val_every=0"])) == {}
     with pytest.raises(DataError, match="absent_val.jsonl' not found"):
         val_data(load_config("configs/train_cpu_small.yaml", [*val_file, "run.val_every=5"]))
 

@@ -277,7 +277,7 @@ class TrainConfig:
             (self.data.synthetic_context_words >= 1, "data.synthetic_context_words must be >= 1"),
             (self.data.val_size >= 1 and self.data.synthetic_val_size >= 1,
              "need data.val_size >= 1 and data.synthetic_val_size >= 1 (to skip validation: run.val_every=0)"),
-            (not self.data.val_path or tuple(self.data.val_context_multipliers) == (1,),
+            (not self.data.val_path or tuple(self.data.val_context_multipliers) == (1,) or not r.val_every,
              "data.val_context_multipliers applies to synthetic validation only; a data.val_path file is validated as "
              "it is (build longer versions of it as separate files)"),
             (len(self.data.val_context_multipliers) >= 1, "data.val_context_multipliers needs at least one entry (1 = the training length)"),
