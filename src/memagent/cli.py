@@ -134,8 +134,10 @@ def run(
             output = file_option(output, "--output", "predictions.jsonl")
             trace = file_option(trace, "--trace", "trace.jsonl")
             samples = _run_samples(question, document, input, output, trace, resume, allow_binary)
+            if resume and overwrite:
+                raise MemagentError("--resume keeps the rows --output holds and --overwrite replaces them; give one")
             if not resume and not overwrite:
-                check_not_overwriting({"--output": output, "--trace": trace})
+                check_not_overwriting({"--output": output, "--trace": trace}, resumable=input is not None)
             b, tok = _open_backend(backend_options)
             agent = MemoryAgent(b, agent_config, tokenizer=tok, keep_token_ids=False)
             for s in samples:  # every budget before any output file is touched
@@ -208,7 +210,7 @@ def _run_samples(question, document, input, output, trace, resume, allow_binary:
     if question or document:
         raise MemagentError("give either --question/--document or --input, not both")
     from memagent.data.io import read_samples
-    from memagent.runfiles import finished_ids, input_sha256
+    from memagent.runfiles import check_trace_file, finished_ids, input_sha256
 
     check_paths({"--input": None if str(input) == "-" else input}, {"--output": output, "--trace": trace})
     samples = read_samples(input)
@@ -223,6 +225,8 @@ def _run_samples(question, document, input, output, trace, resume, allow_binary:
         if output is None:
             raise MemagentError("--resume needs --output (the predictions file to continue)")
         done = finished_ids(output, {s.id: input_sha256(s) for s in samples})
+        if trace is not None:
+            check_trace_file(trace, {s.id for s in samples})
         samples = [s for s in samples if s.id not in done]
         typer.echo(f"--resume: {len(done)} samples already in {output}, {len(samples)} to run", err=True)
     return samples

@@ -444,6 +444,28 @@ def test_run_settings_identify_model_and_adapter_files_by_content_not_spelling(t
     assert "model_sha256" not in plain and "lora_sha256" not in plain and plain["backend"] == "scripted"
 
 
+def test_resume_refuses_a_trace_file_that_is_not_this_runs_and_overwrite_excludes_resume(tmp_path):
+    inp, out, trace = _input(tmp_path), tmp_path / "preds.jsonl", tmp_path / "t.jsonl"
+    assert _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted").exit_code == 0
+    samples_copy = inp.read_text()
+    trace.write_text(samples_copy)  # the samples file given as --trace by mistake
+    r = _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted", "--resume", "--trace", str(trace))
+    assert r.exit_code == 2 and f"{trace}:1: not a trace turn" in r.output, r.output
+    other = '{"sample_id": "z1", "turn": 0, "kind": "update", "memory": "m"}\n'
+    trace.write_text(other)  # another run's trace
+    r = _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted", "--resume", "--trace", str(trace))
+    assert r.exit_code == 2 and "a turn of sample 'z1', which --input does not hold" in r.output, r.output
+    assert trace.read_text() == other
+    r = _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted", "--resume", "--overwrite")
+    assert r.exit_code == 2 and "--resume keeps the rows --output holds and --overwrite replaces them; give one" in r.output
+    doc = tmp_path / "doc.txt"
+    doc.write_text("the document")
+    assert _run("run", "-q", "Q?", "-d", str(doc), "-b", "scripted", "--trace", str(tmp_path / "one.jsonl")).exit_code == 0
+    r = _run("run", "-q", "Q?", "-d", str(doc), "-b", "scripted", "--trace", str(tmp_path / "one.jsonl"))
+    assert r.exit_code == 2 and "add --overwrite to replace it, or give another file" in " ".join(r.output.split())
+    assert "--resume" not in r.output  # it does not apply to --question/--document
+
+
 def test_input_samples_from_stdin(tmp_path):
     inp, out = _input(tmp_path), tmp_path / "preds.jsonl"
     r = CliRunner().invoke(app, ["run", "-i", "-", "-o", str(out), "-b", "scripted"], input=inp.read_text())

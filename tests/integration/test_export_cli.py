@@ -46,8 +46,8 @@ def test_bad_export_requests_are_named_before_any_model_loads(tmp_path):
     (run / "config.json").write_text("{bad")
     (tmp_path / "doc.txt").write_text("x")
     cases = [
-        ([str(run), "--out", str(tmp_path / "o"), "--dtype", "f8"], "--dtype f8 applies to --format gguf and "
-                                                                   "lora-gguf; --format hf writes float32"),
+        ([str(run), "--out", str(tmp_path / "o"), "--dtype", "f16"], "--dtype f16 applies to --format gguf and "
+                                                                    "lora-gguf; --format hf writes float32"),
         ([str(run), "--out", str(tmp_path / "doc.txt" / "sub")], "is under '.*doc.txt', which is a file; choose a new"),
         ([str(run), "--out", str(tmp_path / "o")], "config.json: the run's training config cannot be read"),
         ([str(tmp_path / "doc.txt"), "--out", str(tmp_path / "o")], "doc.txt' is a file; give the training run's folder"),

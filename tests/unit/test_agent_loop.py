@@ -207,6 +207,14 @@ def test_config_validation():
     assert [t.sample_id for t in got] == ["g0", "g1"]
     with pytest.raises(ConfigError, match="samples must be a list of Samples, got Sample"):
         MemoryAgent(ScriptedBackend()).run(Sample("s", "q?", "doc"))
+    with pytest.raises(ConfigError, match="samples must be a list of Samples, got dict"):
+        MemoryAgent(ScriptedBackend()).run({"s0": Sample("s0", "q?", "doc")})
+    with pytest.raises(ConfigError, match="sample id 's' appears more than once"):
+        MemoryAgent(ScriptedBackend()).run([Sample("s", "q?", "doc"), Sample("s", "q?", "other")])
+    with pytest.raises(TypeError, match="backend must be a backend object .* got type"):
+        MemoryAgent(ScriptedBackend)  # the class, not an instance
+    with pytest.raises(ConfigError, match="tokenizer must be a tokenizer or a spec such as 'bytes' or 'smollm2', got int 5"):
+        ScriptedBackend(tokenizer=5)
     with pytest.raises(TypeError, match="the reply to request s/chunk0 must be a string, got NoneType"):
         MemoryAgent(ScriptedBackend(responder=lambda r: None)).run([Sample("s", "q?", "doc")])
 

@@ -18,6 +18,13 @@ def test_a_trailing_slash_names_a_folder_not_a_file():
             file_option(value, "--trace", "trace.jsonl")
 
 
+def test_a_dot_names_a_folder_too():
+    for value, suggestion in (("newd/.", "newd/p.jsonl"), (".", "p.jsonl"), ("a/..", "a/../p.jsonl")):
+        with pytest.raises(MemagentError, match=f"^--output {value} names a folder; give a file path, e.g. "
+                                                f"--output {suggestion}$"):
+            file_option(value, "--output", "p.jsonl")
+
+
 def test_a_dash_is_not_taken_for_a_file_named_dash():
     with pytest.raises(MemagentError, match="^--output - does not write to stdout: give a file path; without --output "
                                             "the predictions are printed"):

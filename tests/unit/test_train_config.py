@@ -219,6 +219,13 @@ def test_an_output_dir_that_cannot_hold_a_run_is_refused_before_any_model_loads(
     (run / "config.json").write_text(json.dumps(config_to_dict(TrainConfig())))
     for ok in (run, tmp_path / "new", tmp_path / "empty"):
         check_output_dir(ok)
+    (run / "config.json").write_text('{"run": {"total_st')  # torn by a kill: the run rewrites it
+    check_output_dir(run)
+    torn = tmp_path / "torn"
+    torn.mkdir()
+    (torn / "config.json").write_text("{bad")
+    with pytest.raises(ConfigError, match=r"holds files but no training run \(config.json\)"):
+        check_output_dir(torn)
     (tmp_path / "empty").mkdir()
     check_output_dir(tmp_path / "empty")
 

@@ -106,7 +106,7 @@ class MemoryAgent:
         tokenizer: Tokenizer | None = None,
         keep_token_ids: bool = True,
     ):
-        if not callable(getattr(backend, "generate", None)):
+        if isinstance(backend, type) or not callable(getattr(backend, "generate", None)):
             raise TypeError(f"MemoryAgent: backend must be a backend object (memagent.backends.make_backend('llamacpp'), "
                             f"memagent.embedded.load() ...), got {type(backend).__name__} {backend!r}")
         if config is not None and not isinstance(config, AgentConfig):
@@ -286,7 +286,7 @@ class MemoryAgent:
             BackendError: only with ``strict=True``, on the first failed request.
         """
         if not isinstance(samples, Sequence):
-            if isinstance(samples, Sample) or not isinstance(samples, Iterable):
+            if isinstance(samples, (Sample, Mapping)) or not isinstance(samples, Iterable):
                 raise ConfigError(f"samples must be a list of Samples, got {type(samples).__name__} (one sample: "
                                   "[sample], or MemoryAgent.answer(question, document))")
             samples = list(samples)  # a generator: every budget is checked before the first call
@@ -304,6 +304,10 @@ class MemoryAgent:
             if isinstance(s.context, str):  # a streamed document is checked block by block as it is read
                 _refuse_lone_surrogate(s.context, f"sample {s.id}: the document")
             self.check_budget(s.question, s.id)
+        ids = [s.id for s in samples]
+        if len(set(ids)) != len(ids):  # ids key requests, their seeds and the traces
+            dup = next(i for i in ids if ids.count(i) > 1)
+            raise ConfigError(f"sample id {dup!r} appears more than once; give each sample its own id")
         bars = _Bars(len(samples)) if progress else None
         run = self._run_lockstep if getattr(self.backend, "batched", True) else self._run_pipelined
         try:

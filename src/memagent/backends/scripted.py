@@ -86,6 +86,9 @@ class ScriptedBackend:
             from memagent.tokenization import load_tokenizer
 
             tokenizer = load_tokenizer(tokenizer)
+        elif tokenizer is not None and not callable(getattr(tokenizer, "encode", None)):
+            raise ConfigError(f"scripted backend: tokenizer must be a tokenizer or a spec such as 'bytes' or "
+                              f"'smollm2', got {type(tokenizer).__name__} {tokenizer!r}")
         self.tokenizer = tokenizer or ByteTokenizer()
         self.batched = batched
         self.name = "scripted"

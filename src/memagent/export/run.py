@@ -320,9 +320,9 @@ def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str 
     """
     if fmt not in FORMATS:
         raise ConfigError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    if fmt == "hf" and dtype is not None:
+    if fmt == "hf" and dtype not in (None, "f32"):
         raise ConfigError(f"--dtype {dtype} applies to --format gguf and lora-gguf; --format hf writes float32 "
-                          "(drop --dtype)")
+                          "(drop --dtype, or give f32)")
     out = os.fspath(out_dir)
     from memagent.runfiles import folder_problem
 

@@ -28,10 +28,10 @@ from memagent.runfiles.rows import (
     row_key,
     row_sample_id,
 )
-from memagent.runfiles.trace import prune_trace, read_trace, trace_rows, write_trace
+from memagent.runfiles.trace import check_trace_file, prune_trace, read_trace, trace_rows, write_trace
 
 __all__ = [
-    "OPTIONAL_ROW_FIELDS", "ROW_FIELDS", "JsonlWriter", "Outcome", "ResultWriter", "append_rows", "check_row",
+    "OPTIONAL_ROW_FIELDS", "ROW_FIELDS", "JsonlWriter", "Outcome", "ResultWriter", "append_rows", "check_row", "check_trace_file",
     "complete_lines", "describe", "finished_ids", "first_missing", "input_sha256", "folder_problem", "git_commit", "keep_lines", "package_version", "parse_line",
     "prune_trace", "read_manifest", "read_results", "read_trace", "remove_created", "repair_tail", "result_row", "resume_predictions", "rewrite",
     "output_lock", "row_key", "row_sample_id", "run_lock", "setting_changes", "settings_hash", "trace_rows", "write_json",

@@ -57,28 +57,29 @@ def _try_open(p: Path, flag: str) -> None:
 
 
 def file_option(value: str | None, flag: str, example: str) -> Path | None:
-    """An output file option as a path. A value ending in a slash names a folder (a ``Path`` would drop the
-    slash and write a file of the folder's name), so it is refused, naming a file path to give instead.
+    """An output file option as a path. A value ending in a slash (or in ``/.``, ``/..``) names a folder (a
+    ``Path`` would drop the slash and write a file of the folder's name), so it is refused, naming a file path
+    to give instead.
 
     Raises:
-        MemagentError: ``value`` ends with a slash, or is ``-`` (stdout is not a row file).
+        MemagentError: ``value`` names a folder, or is ``-`` (stdout is not a row file).
     """
     if value is None:
         return None
     if value == "-":
         hint = "; without --output the predictions are printed (one JSON row per sample)" if flag == "--output" else ""
         raise MemagentError(f"{flag} - does not write to stdout: give a file path{hint}")
-    if value.endswith(("/", os.sep)):
+    if value.endswith(("/", os.sep)) or os.path.basename(value) in (".", ".."):
         folder = value.rstrip("/" + os.sep) or "/"
-        raise MemagentError(f"{flag} {value} ends with a slash, so it names a folder; give a file path, e.g. "
-                            f"{flag} {Path(folder) / example}")
+        what = "ends with a slash, so it names a folder" if value.endswith(("/", os.sep)) else "names a folder"
+        raise MemagentError(f"{flag} {value} {what}; give a file path, e.g. {flag} {Path(folder) / example}")
     return Path(value)
 
 
-def check_not_overwriting(outputs: dict[str, Path | None]) -> None:
+def check_not_overwriting(outputs: dict[str, Path | None], resumable: bool = True) -> None:
     """Refuse an output file that already holds something (the predictions or trace of an earlier run, maybe
-    hours of model time): replacing it takes ``--overwrite``, continuing it ``--resume``. An empty file is not
-    refused.
+    hours of model time): replacing it takes ``--overwrite``, continuing it ``--resume`` (named only when
+    ``resumable``: an ``--input`` run). An empty file is not refused.
 
     Raises:
         MemagentError: naming the flag, the file and both options.
@@ -91,8 +92,9 @@ def check_not_overwriting(outputs: dict[str, Path | None]) -> None:
         except OSError:
             continue
         if size:
-            raise MemagentError(f"{flag} {p} already holds {size} bytes (an earlier run's rows?); add --resume to "
-                                "continue that run, or --overwrite to replace the file")
+            ways = "add --resume to continue that run, or --overwrite to replace the file" if resumable else \
+                "add --overwrite to replace it, or give another file"
+            raise MemagentError(f"{flag} {p} already holds {size} bytes (an earlier run's rows?); {ways}")
 
 
 def open_for_writing(path: Path | None, flag: str, append: bool = False):

@@ -32,6 +32,31 @@ def prune_trace(path: str | os.PathLike, keep: Collection[str]) -> int:
     return keep_lines(path, lambda row: isinstance(row, dict) and str(row.get("sample_id")) in keep)
 
 
+def check_trace_file(path: str | os.PathLike, sample_ids: Collection[str]) -> None:
+    """Before ``--resume`` rewrites a trace file (:func:`prune_trace`): every complete line must be a turn
+    (a JSON object with ``sample_id``, ``turn`` and ``kind``) of one of ``sample_ids``, so that a file that is
+    another run's trace, a predictions or a samples file is refused instead of rewritten. A torn last line and
+    blank lines are not checked (the pruning drops them).
+
+    Raises:
+        DataError: naming ``file:line`` and what the line is.
+    """
+    from memagent.errors import DataError
+
+    for n, line in complete_lines(path):
+        if not line.strip():
+            continue
+        row = parse_line(line)
+        if not isinstance(row, dict) or not {"sample_id", "turn", "kind"} <= set(row):
+            why = "not a trace turn (a JSON object with sample_id, turn and kind)"
+        elif str(row["sample_id"]) not in sample_ids:
+            why = f"a turn of sample {row['sample_id']!r}, which --input does not hold"
+        else:
+            continue
+        raise DataError(f"{path}:{n}: {why}; --resume continues the trace of an earlier run over the same "
+                        "--input, and leaves any other file untouched (give a new --trace)")
+
+
 def write_trace(path: str | os.PathLike, trajectories: Sequence[Trajectory], append: bool = False) -> None:
     """Write the per-turn trace of every trajectory as JSONL (see :func:`trace_rows`)."""
     with JsonlWriter(path, append=append) as w:

@@ -61,10 +61,11 @@ def check_output_dir(path: str | os.PathLike) -> None:
     if not os.path.isdir(path):
         return
     config = os.path.join(path, "config.json")
-    if os.path.isfile(config) and not _is_train_config(config):
+    kind = _config_kind(config)
+    if kind == "other":
         raise ConfigError(f"{where} holds a config.json that is not a training config (an exported model?), which "
                           "the run would overwrite; give a new or empty folder")
-    is_run = os.path.isfile(config) or any(os.path.exists(os.path.join(path, name)) for name in RUN_ENTRIES)
+    is_run = kind == "train" or any(os.path.exists(os.path.join(path, name)) for name in RUN_ENTRIES)
     entries = sorted(e for e in os.listdir(path) if not e.startswith("."))
     if entries and not is_run:
         shown = ", ".join(entries[:4]) + (f" and {len(entries) - 4} more" if len(entries) > 4 else "")
@@ -72,15 +73,19 @@ def check_output_dir(path: str | os.PathLike) -> None:
                           "nothing there is overwritten")
 
 
-def _is_train_config(path: str) -> bool:
+def _config_kind(path: str) -> str | None:
+    """``"train"`` (a training config), ``"other"`` (JSON of something else: an export's), ``"unreadable"`` (a
+    file torn by a kill: the run rewrites it, its checkpoints hold the settings), or ``None`` (no file)."""
     import json
 
+    if not os.path.isfile(path):
+        return None
     try:
         with open(path, encoding="utf-8") as f:
             d = json.load(f)
     except (OSError, ValueError):
-        return False
-    return isinstance(d, dict) and {"run", "rl", "optim"} <= set(d)
+        return "unreadable"
+    return "train" if isinstance(d, dict) and {"run", "rl", "optim"} <= set(d) else "other"
 
 
 def _dotted(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
