@@ -376,6 +376,7 @@ def test_run_holds_a_lock_on_its_output_so_a_second_resume_exits_2(tmp_path):
     assert out.read_bytes() == before
     r = _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted", "--resume")  # released: runs (nothing left)
     assert r.exit_code == 0 and "4 samples already in" in r.output and out.read_bytes() == before, r.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "preds.jsonl"]  # no .preds.jsonl.lock left
 
 
 def test_demo_ruler_marks_the_needle_chunk_and_tests_each_memory_for_the_answer(data_root, tmp_path):

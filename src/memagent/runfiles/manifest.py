@@ -104,13 +104,18 @@ def output_lock(output: str | os.PathLike, log: Callable[[str], None] | None = N
     out = Path(output)
     path = out.parent / f".{out.name}.lock"
     with _flock(path, f"--output {str(output)!r} is locked: another memagent run is writing to it ({path}); wait "
-                      "for it to finish, or give another --output", f"--output {str(output)!r}", log):
+                      "for it to finish, or give another --output", f"--output {str(output)!r}", log, remove=True):
         yield
 
 
 @contextlib.contextmanager
-def _flock(path: Path, locked: str, what: str, log: Callable[[str], None] | None) -> Iterator[None]:
-    """An exclusive, non-blocking ``flock`` on ``path`` (``locked``: the error when another process holds it)."""
+def _flock(path: Path, locked: str, what: str, log: Callable[[str], None] | None, remove: bool = False) -> Iterator[None]:
+    """An exclusive, non-blocking ``flock`` on ``path`` (``locked``: the error when another process holds it).
+
+    ``remove``: delete the lock file when the block ends, while still holding it (so a lock beside a user's file
+    leaves nothing behind). Safe because no process waits for the lock: one that opened the old file meets it
+    held and stops, one that opens after the removal locks a new file once every write of this block is done.
+    A process killed inside the block leaves the file, which the next run reuses."""
     try:
         import fcntl
     except ImportError:  # not POSIX: no lock
@@ -118,15 +123,20 @@ def _flock(path: Path, locked: str, what: str, log: Callable[[str], None] | None
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     f = open(path, "a+b")
+    held = False
     try:
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held = True
         except OSError as e:
             if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise ConfigError(locked) from None
             (log or (lambda _msg: None))(f"warning: cannot lock {what} ({e.strerror or e}); running without a lock")
         yield
     finally:
+        if remove and held:
+            with contextlib.suppress(OSError):
+                path.unlink()
         f.close()  # closing the only descriptor releases the lock
 
 
