@@ -174,7 +174,7 @@ def test_training_data_is_compared_by_its_questions_not_its_path(tmp_path):
         return t
 
     first = run(a, "run.stop_after_step=1")
-    assert first.step == 1 and first.train_data_sha256 == samples_sha256(TRAIN)
+    assert first.step == 1 and first.data_sha256 == {"data.train_path": samples_sha256(TRAIN)}
     a.write_text(original.replace(TRAIN[0].question, TRAIN[0].question + " Really?", 1))  # same path, new questions
     with pytest.raises(ConfigError, match=r"data.train_path: 'questions with sha256 [0-9a-f]{12}\.\.\.' -> "
                                           r"'questions with sha256 [0-9a-f]{12}\.\.\.'"):
@@ -207,3 +207,26 @@ def test_a_rerun_of_a_finished_run_trains_nothing_and_leaves_its_policy_as_it_wa
     again = _run(tmp_path / "done")
     assert again.step == 2 and (policy / "config.json").stat().st_mtime_ns == 1
     assert {p.name for p in policy.iterdir()} == set(stamps)
+
+
+def test_a_validation_file_is_compared_by_its_questions_too(tmp_path):
+    import shutil
+
+    from memagent.data.io import write_samples
+
+    a, b = tmp_path / "v.jsonl", tmp_path / "copy.jsonl"
+    write_samples(a, VAL[1])
+
+    def run(path, *extra):
+        t = Trainer(_cfg(tmp_path / "cut", f"data.val_path={path}", "run.val_every=1", "data.val_context_multipliers=[1]",
+                         *extra), train_samples=TRAIN, reward_fn=parity_reward)
+        t.fit()
+        return t
+
+    first = run(a, "run.stop_after_step=1")
+    assert first.data_sha256["data.val_path"] == samples_sha256(VAL[1])
+    shutil.copy(a, b)
+    a.write_text(a.read_text().replace(VAL[1][0].question, VAL[1][0].question + " Sure?", 1))
+    with pytest.raises(ConfigError, match=r"data.val_path: 'questions with sha256 [0-9a-f]{12}\.\.\.' ->"):
+        run(a)
+    assert run(b).step == 2  # the original questions under another path resume

@@ -14,6 +14,7 @@ import dataclasses
 import glob
 import os
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -203,15 +204,16 @@ class Checkpointer:
         barrier()
         return path
 
-    def load(self, templates_hash: str, train_data_sha256: str | None = None) -> dict[str, Any] | None:
+    def load(self, templates_hash: str, data_hashes: Mapping[str, str] | None = None) -> dict[str, Any] | None:
         """The newest checkpoint's state, after checking it was made with this run's settings (``None``: no
         checkpoint). The RNG states are restored here; the caller loads the rest.
 
-        The prompt templates and the training data are compared by content: the templates' text
-        (``templates_hash``) and the training questions as read (``train_data_sha256``,
-        :func:`memagent.train.data.samples_sha256`), so the same file given by another path resumes and a file
-        whose questions changed under the same path is refused. A checkpoint written before the data hash was
-        recorded compares ``data.train_path`` as written instead.
+        The prompt templates and the data files are compared by content: the templates' text
+        (``templates_hash``) and the questions as read (``data_hashes``: setting -> sha256 of its questions,
+        :func:`memagent.train.data.samples_sha256`, for ``data.train_path`` and, when validation reads one,
+        ``data.val_path``), so the same file given by another path resumes and a file whose questions changed
+        under the same path is refused. A setting the checkpoint has no hash for (one written before
+        2026-12-07, or validation off on either side) is compared as written instead.
 
         Raises:
             ConfigError: the checkpoint was made with other settings in keys that change what is trained
@@ -226,12 +228,14 @@ class Checkpointer:
 
         check_resume_kind(state.get("lora"), self.cfg.model.lora, path)  # LoRA vs full fine-tuning, with what differs
         changes = config_changes(state.get("config", {}), config_to_dict(self.cfg))
-        old_data = state.get("train_data_sha256")
-        if old_data is not None and train_data_sha256 is not None:  # the questions, not the path they came from
-            changes = [c for c in changes if c[0] != "data.train_path"]
-            if old_data != train_data_sha256:
-                changes.append(("data.train_path", f"questions with sha256 {old_data[:12]}...",
-                                f"questions with sha256 {train_data_sha256[:12]}..."))  # a branch may name it
+        old_hashes = state.get("data_sha256") or {}
+        for key, new in (data_hashes or {}).items():
+            old = old_hashes.get(key)
+            if old is None:
+                continue
+            changes = [c for c in changes if c[0] != key]  # the questions, not the path they came from
+            if old != new:
+                changes.append((key, f"questions with sha256 {old[:12]}...", f"questions with sha256 {new[:12]}..."))
         changed, branched = self._branch(changes)
         if state.get("templates_hash", templates_hash) != templates_hash:  # the file's text, not its path
             changed.append(("prompt templates (agent.templates' text)", state["templates_hash"], templates_hash))

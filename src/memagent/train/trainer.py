@@ -107,9 +107,13 @@ class Trainer:
                               f"training questions ({cfg.data.train_path or 'data.synthetic_train_size'}): a step "
                               "would take some questions twice, as groups of the same ids and seeds; lower "
                               "rl.prompts_per_step (or rl.group_size gives more rollouts per question)")
-        self.train_data_sha256 = data.samples_sha256(self.train_samples)
         for m, vs in self.val_samples.items():
             data.check_gold(vs, cfg.data.val_path or f"the x{m} validation set")
+        #: setting -> sha256 of the questions it gave (checked on resume: content, not path)
+        self.data_sha256 = {"data.train_path": data.samples_sha256(self.train_samples)}
+        if cfg.data.val_path and self.val_samples:
+            self.data_sha256["data.val_path"] = data.samples_sha256([s for m in sorted(self.val_samples)
+                                                                     for s in self.val_samples[m]])
         self.reward_fn = reward_fn or (lambda response, answers: score(cfg.rl.reward, response, answers))
         self.step, self.skipped_updates = 0, 0
         self.data_position = 0  # global index of the next step's first question (see step_samples)
@@ -316,7 +320,7 @@ class Trainer:
             "step": self.step, "data_position": self.data_position,
             "skipped_updates": self.skipped_updates, "model": model_sd, "optimizer": optim_sd,
             "scheduler": self.scheduler.state_dict(), "templates_hash": self.templates.hash,
-            "train_data_sha256": self.train_data_sha256,
+            "data_sha256": self.data_sha256,
         })
         if self.cfg.model.lora.enabled and self.dist.is_main:  # small: the newest adapter is always exportable
             self.save_model_dir()
@@ -353,7 +357,7 @@ class Trainer:
         Raises:
             ConfigError: the checkpoint was made with other settings (see :meth:`Checkpointer.load`).
         """
-        state = self.checkpoints.load(self.templates.hash, self.train_data_sha256)
+        state = self.checkpoints.load(self.templates.hash, self.data_sha256)
         if state is None:
             return False
         self.checkpoints.load_model_state(self.policy, state["model"])
