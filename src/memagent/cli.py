@@ -93,9 +93,7 @@ def _resume(output: Path, trace: Path | None, settings: dict) -> set[str]:
 
 
 def _prediction_row(sample, traj, settings: dict | None = None, trace: Path | None = None) -> dict:
-    from memagent.runfiles import Outcome, result_row
-
-    from memagent.runfiles import input_sha256
+    from memagent.runfiles import Outcome, input_sha256, result_row
 
     digest = input_sha256(sample)
     return result_row(sample, Outcome.of_trajectory(traj), trace=None if trace is None else str(trace),
@@ -133,9 +131,9 @@ def run(
         try:
             output = file_option(output, "--output", "predictions.jsonl")
             trace = file_option(trace, "--trace", "trace.jsonl")
-            samples = _run_samples(question, document, input, output, trace, resume, allow_binary)
             if resume and overwrite:
                 raise MemagentError("--resume keeps the rows --output holds and --overwrite replaces them; give one")
+            samples = _run_samples(question, document, input, output, trace, resume, allow_binary)
             if not resume and not overwrite:
                 check_not_overwriting({"--output": output, "--trace": trace}, resumable=input is not None)
             b, tok = _open_backend(backend_options)
