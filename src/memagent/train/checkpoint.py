@@ -21,7 +21,7 @@ import torch
 
 from memagent.errors import ConfigError
 from memagent.runfiles.resume import setting_changes
-from memagent.train.config import TrainConfig, config_to_dict
+from memagent.train.config import TrainConfig, config_to_dict, dotted
 from memagent.train.distributed import DistInfo, barrier
 from memagent.train.policy import rng_state, set_rng_state
 
@@ -89,21 +89,10 @@ def _config_kind(path: str) -> str | None:
     return "train" if isinstance(d, dict) and {"run", "rl", "optim"} <= set(d) else "other"
 
 
-def _dotted(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Dotted key -> value for every entry, nested sections too (``model.lora`` and ``model.lora.rank``), so a
-    whole section an older checkpoint lacks compares as its defaults."""
-    out = {}
-    for k, v in d.items():
-        out[prefix + k] = v
-        if isinstance(v, dict):
-            out.update(_dotted(v, f"{prefix}{k}."))
-    return out
-
-
 def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     """``(dotted key, old, new)`` for every setting that differs, except :data:`RESUMABLE_CHANGES`; a key an older
     checkpoint lacks counts as its default."""
-    return setting_changes(old, new, RESUMABLE_CHANGES, defaults=_dotted(config_to_dict(TrainConfig())))
+    return setting_changes(old, new, RESUMABLE_CHANGES, defaults=dotted(config_to_dict(TrainConfig())))
 
 
 class Checkpointer:

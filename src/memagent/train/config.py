@@ -327,15 +327,7 @@ class TrainConfig:
         if not self.run.resume_changes:
             return
 
-        def dotted(d: dict[str, Any], prefix: str = "") -> set[str]:
-            keys = set()
-            for k, v in d.items():
-                keys.add(prefix + k)
-                if isinstance(v, dict):
-                    keys |= dotted(v, f"{prefix}{k}.")
-            return keys
-
-        valid = dotted(flat_dict(self))
+        valid = set(dotted(flat_dict(self)))
         for key in self.run.resume_changes:
             if key not in valid:
                 close = closest(key, sorted(valid))
@@ -443,6 +435,16 @@ def _expand_home(data: dict[str, Any]) -> dict[str, Any]:
         if isinstance(part, dict) and isinstance(part.get(key), str) and part[key].startswith("~"):
             data = {**data, section: {**part, key: os.path.expanduser(part[key])}}
     return data
+
+
+def dotted(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Dotted key -> value for every entry, nested sections too (``model.lora`` and ``model.lora.rank``)."""
+    out = {}
+    for k, v in d.items():
+        out[prefix + k] = v
+        if isinstance(v, dict):
+            out.update(dotted(v, f"{prefix}{k}."))
+    return out
 
 
 def config_to_dict(cfg: TrainConfig) -> dict[str, Any]:
