@@ -77,13 +77,14 @@ def _run_settings(b, agent, lora_path: str | None = None) -> dict:
             **({"model_sha256": model} if model else {}), **({"lora_sha256": adapter} if adapter else {})}
 
 
-def _resume(output: Path, trace: Path | None, settings: dict) -> set[str]:
-    """Before ``--resume`` appends: check and trim the predictions, then drop the trace turns of samples run
-    again (and a line torn by a kill), so each sample's turns appear once. Returns the ids of the samples kept."""
+def _resume(output: Path, trace: Path | None, settings: dict, answers: dict[str, tuple[str, ...]]) -> set[str]:
+    """Before ``--resume`` appends: check and trim the predictions (kept rows get the gold ``answers`` --input
+    holds now), then drop the trace turns of samples run again (and a line torn by a kill), so each sample's
+    turns appear once. Returns the ids of the samples kept."""
     from memagent.agent.config import sampling_defaults
     from memagent.runfiles import prune_trace, resume_predictions
 
-    done = resume_predictions(output, settings, defaults=sampling_defaults())
+    done = resume_predictions(output, settings, defaults=sampling_defaults(), answers=answers)
     if trace is not None:
         try:
             prune_trace(trace, done)
@@ -133,7 +134,7 @@ def run(
             trace = file_option(trace, "--trace", "trace.jsonl")
             if resume and overwrite:
                 raise MemagentError("--resume keeps the rows --output holds and --overwrite replaces them; give one")
-            samples = _run_samples(question, document, input, output, trace, resume, allow_binary)
+            samples, answers = _run_samples(question, document, input, output, trace, resume, allow_binary)
             if not resume and not overwrite:
                 check_not_overwriting({"--output": output, "--trace": trace}, resumable=input is not None)
             b, tok = _open_backend(backend_options)
@@ -144,7 +145,7 @@ def run(
             if output:  # held from the resume check to the last row written
                 held.enter_context(output_lock(output, lambda m: typer.echo(m, err=True)))
             if resume:  # again under the lock: a run that finished meanwhile is not run twice
-                done = _resume(output, trace, settings)
+                done = _resume(output, trace, settings, answers)
                 samples = [s for s in samples if s.id not in done]
             out_f, trace_f = open_for_writing(output, "--output", resume), open_for_writing(trace, "--trace", resume)
 
@@ -186,10 +187,10 @@ def _echo_endpoint_stats(b, only_if_used: bool = False) -> None:
         typer.echo(describe_stats(stats), err=True)
 
 
-def _run_samples(question, document, input, output, trace, resume, allow_binary: bool = False) -> list:
+def _run_samples(question, document, input, output, trace, resume, allow_binary: bool = False) -> tuple[list, dict]:
     """The samples ``memagent run`` answers (``--resume``: those the predictions file lacks), after checking
-    the input and output paths; a ``--document`` is read by :func:`memagent.data.io.read_document_text`
-    (``allow_binary``: ``--allow-binary``).
+    the input and output paths, and the gold answers of every ``--input`` sample by id; a ``--document`` is read by
+    :func:`memagent.data.io.read_document_text` (``allow_binary``: ``--allow-binary``).
 
     Raises:
         MemagentError: conflicting or missing options, unreadable input, or outputs that cannot be written.
@@ -204,7 +205,7 @@ def _run_samples(question, document, input, output, trace, resume, allow_binary:
         if resume:
             raise MemagentError("--resume continues an --input run; it does not apply to --question/--document")
         check_paths({"--document": None if document == "-" else Path(document)}, {"--output": output, "--trace": trace})
-        return [Sample("0", question, _read_document(document, allow_binary))]
+        return [Sample("0", question, _read_document(document, allow_binary))], {}
     if question or document:
         raise MemagentError("give either --question/--document or --input, not both")
     from memagent.data.io import read_samples
@@ -219,6 +220,7 @@ def _run_samples(question, document, input, output, trace, resume, allow_binary:
         shown = ", ".join(empty[:5]) + (f" and {len(empty) - 5} more" if len(empty) > 5 else "")
         typer.secho(f"warning: {len(empty)} sample(s) of {input} have an empty context ({shown}): their answers "
                     "come from no memory at all", fg="yellow", err=True)
+    answers = {s.id: s.answers for s in samples}
     if resume:
         if output is None:
             raise MemagentError("--resume needs --output (the predictions file to continue)")
@@ -227,7 +229,7 @@ def _run_samples(question, document, input, output, trace, resume, allow_binary:
             check_trace_file(trace, {s.id for s in samples})
         samples = [s for s in samples if s.id not in done]
         typer.echo(f"--resume: {len(done)} samples already in {output}, {len(samples)} to run", err=True)
-    return samples
+    return samples, answers
 
 
 def _report_run(samples, trajs, single: bool, output, settings, trace) -> None:

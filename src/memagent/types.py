@@ -21,13 +21,15 @@ class Sample:
     Attributes:
         id: unique id of the sample within its dataset.
         question: the question text (never truncated).
-        context: the document text the agent reads chunk by chunk.
+        context: the document text the agent reads chunk by chunk (a string, or a
+            :class:`memagent.chunking.TextSource` read in pieces).
         answers: gold answers (empty when unknown, e.g. for `memagent run`); a list is stored as a tuple.
 
         metadata: free-form provenance (task, length in tokens, tokenizer name, ...).
 
     Raises:
-        TypeError: ``id`` is not a string, or ``answers`` is a bare string or holds non-strings.
+        TypeError: ``id`` or ``question`` is not a string, ``context`` neither a string nor a TextSource, or ``answers`` is a bare string or holds
+            non-strings.
     """
 
     id: str
@@ -40,6 +42,14 @@ class Sample:
         if not isinstance(self.id, str):  # ids become request ids, row keys and file names
             raise TypeError(f"Sample id must be a string, got {type(self.id).__name__} {self.id!r}; write "
                             f"id={str(self.id)!r}")
+        from memagent.chunking import TextSource  # here: chunking imports this module
+
+        # found when built, not at the first chunking call deep in a run
+        for name, value in (("question", self.question), ("context", self.context)):
+            if not isinstance(value, str) and not (name == "context" and isinstance(value, TextSource)):
+                raise TypeError(f"Sample {self.id!r}: {name} must be a string, got {type(value).__name__} "
+                                f"{value!r:.60}; read a file's text first (Path(...).read_text()), or give "
+                                "MemoryAgent.answer the path")
         # a bare string would otherwise be taken for a sequence of one-character answers
         if isinstance(self.answers, str):
             raise TypeError(f"Sample {self.id!r}: answers must be a tuple of strings, got the string "

@@ -226,6 +226,22 @@ def test_an_output_holding_rows_is_replaced_only_with_overwrite_and_resumed_only
     assert r.exit_code == 0 and "3 samples already in" in r.output, r.output
 
 
+def test_resume_keeps_predictions_but_takes_the_gold_answers_input_holds_now(tmp_path):
+    inp, out = _input(tmp_path), tmp_path / "preds.jsonl"
+    assert _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted").exit_code == 0
+    before = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["answers"] for r in before] == [[], [], []]
+    rows = [json.loads(x) for x in inp.read_text().splitlines()]
+    rows[2]["answers"] = ["Paris", "paris, France"]  # a gold answer added later: the prediction still holds
+    inp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted", "--resume")
+    assert r.exit_code == 0 and "3 samples already in" in r.output, r.output
+    after = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["answers"] for r in after] == [[], [], ["Paris", "paris, France"]]
+    assert [{k: v for k, v in r.items() if k != "answers"} for r in after] == [
+        {k: v for k, v in r.items() if k != "answers"} for r in before]
+
+
 def test_outputs_may_not_be_inputs_or_each_other(tmp_path):
     inp, doc = _input(tmp_path), tmp_path / "doc.txt"
     doc.write_text("the document")

@@ -230,3 +230,24 @@ def test_a_validation_file_is_compared_by_its_questions_too(tmp_path):
     with pytest.raises(ConfigError, match=r"data.val_path: 'questions with sha256 [0-9a-f]{12}\.\.\.' ->"):
         run(a)
     assert run(b).step == 2  # the original questions under another path resume
+
+
+def test_a_run_stopped_in_its_first_step_leaves_no_config_json(tmp_path, monkeypatch):
+    """A run refused or interrupted before it wrote metrics or a checkpoint leaves its folder as it found it, so
+    the folder does not pass for a run; one that trained keeps config.json when a later step fails."""
+    t = Trainer(_cfg(tmp_path / "out"), train_samples=TRAIN, val_samples=VAL, reward_fn=parity_reward)
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(t, "train_step", boom)
+    with pytest.raises(KeyboardInterrupt):
+        t.fit()
+    assert not (tmp_path / "out" / "config.json").exists()
+    done = _run(tmp_path / "done", "run.stop_after_step=1")
+    again = Trainer(_cfg(tmp_path / "done"), train_samples=TRAIN, val_samples=VAL, reward_fn=parity_reward)
+    assert again.step == 1
+    monkeypatch.setattr(again, "train_step", boom)
+    with pytest.raises(KeyboardInterrupt):
+        again.fit()
+    assert json.loads((tmp_path / "done" / "config.json").read_text())["run"]["total_steps"] == 2 == done.cfg.run.total_steps

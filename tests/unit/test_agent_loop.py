@@ -1,5 +1,7 @@
 import json
 
+from pathlib import Path
+
 import pytest
 
 from memagent.agent.loop import AgentConfig, MemoryAgent, prune_trace, trace_rows, write_trace
@@ -195,6 +197,11 @@ def test_config_validation():
         MemoryAgent(b, {"chunk_tokens": 10})
     with pytest.raises(TypeError, match="Sample id must be a string, got int 1; write id='1'"):
         Sample(1, "q?", "doc")
+    with pytest.raises(TypeError, match="Sample '1': question must be a string, got int 2"):
+        Sample("1", 2, "doc")  # refused when built, not at the first chunking call of a run
+    with pytest.raises(TypeError, match=r"Sample 's': context must be a string, got PosixPath PosixPath\('doc.txt'\); "
+                                        r"read a file's text first"):
+        Sample("s", "q?", Path("doc.txt"))
     with pytest.raises(ConfigError, match="cannot load tokenizer 'nope-tok'"):
         MemoryAgent(b, tokenizer="nope-tok")
     agent = MemoryAgent(b, tokenizer="bytes")  # a spec, as --tokenizer takes it

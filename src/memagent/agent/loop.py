@@ -33,6 +33,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any
 
 from memagent.agent.budget import CLI_SETTING_NAMES, budget_fixes
 from memagent.agent.config import AgentConfig
@@ -295,10 +296,7 @@ class MemoryAgent:
                 hint = (" (a dict: convert it with memagent.data.schema.sample_from_dict, or read a file with "
                         "memagent.data.io.read_samples)") if isinstance(s, dict) else ""
                 raise ConfigError(f"samples[{k}] is a {type(s).__name__}, not a memagent Sample{hint}")
-            if not isinstance(s.question, str) or not isinstance(s.context, (str, TextSource)):
-                raise ConfigError(f"sample {s.id}: question and document must be strings, got "
-                                  f"{type(s.question).__name__} and {type(s.context).__name__} (a document may also be "
-                                  "a path or an iterable of text given to MemoryAgent.answer, or a TextSource)")
+            _check_texts(s.id, s.question, s.context)
             if not s.question.strip():
                 raise ConfigError(f"sample {s.id}: the question is empty")
             if isinstance(s.context, str):  # a streamed document is checked block by block as it is read
@@ -429,7 +427,17 @@ class MemoryAgent:
         """
         from memagent.data.sources import document_source
 
-        return self.run([Sample(sample_id, question, document_source(document))], **kwargs)[0]
+        source = document_source(document)
+        _check_texts(sample_id, question, source)  # before Sample's own TypeError, as run() words it
+        return self.run([Sample(sample_id, question, source)], **kwargs)[0]
+
+
+def _check_texts(sample_id: str, question: Any, context: Any) -> None:
+    """Raises ConfigError unless the question is a string and the document a string or a TextSource."""
+    if not isinstance(question, str) or not isinstance(context, (str, TextSource)):
+        raise ConfigError(f"sample {sample_id}: question and document must be strings, got "
+                          f"{type(question).__name__} and {type(context).__name__} (a document may also be "
+                          "a path or an iterable of text given to MemoryAgent.answer, or a TextSource)")
 
 
 def _affinity(sample_id: str) -> str:

@@ -194,14 +194,16 @@ class EvalConfig:
         names = [m.name for m in self.methods]
         for kind, name in [*(("method", n) for n in names), *(("task", t.name) for t in self.tasks)]:
             _check_file_name(kind, name)
-        if len(set(names)) != len(names):
-            dup = sorted({n for n in names if names.count(n) > 1})
-            raise ConfigError(f"method names must be unique, got {dup[0]!r} twice (methods {names}): a method's rows "
-                              "and traces are keyed by its name; give each variant its own name")
+        dup = _repeated(names)
+        if dup:
+            raise ConfigError(f"method names must be unique (ignoring case), got {dup} (methods {names}): a "
+                              "method's rows and traces are keyed by its name, and a case-insensitive file system "
+                              "(macOS, Windows) would merge their trace folders; give each variant its own name")
         tasks = [t.name for t in self.tasks]
-        if len(set(tasks)) != len(tasks):
-            dup = sorted({n for n in tasks if tasks.count(n) > 1})
-            raise ConfigError(f"task names must be unique, got {dup[0]!r} twice: a task's rows, data and settings "
+        dup = _repeated(tasks)
+        if dup:
+            raise ConfigError(f"task names must be unique (ignoring case), got {dup}: a task's rows, data "
+                              "and settings "
                               "are keyed by its name; give each variant its own name (e.g. hotpotqa_tokens with "
                               "files: built by `memagent data hotpotqa --tokens`)")
         check_sampling(self.temperature, self.top_p)
@@ -316,6 +318,18 @@ class EvalConfig:
         if adapter is not None:
             parts.append({"lora_sha256": adapter})
         return settings_hash(parts)
+
+
+def _repeated(names: list[str]) -> str | None:
+    """How the first two names equal up to case read (``["a", "b", "a"]`` -> ``"'a' twice"``, ``["a", "A"]`` ->
+    ``"'a' and 'A'"``), else None: names become file names, and case-insensitive file systems merge them."""
+    seen: dict[str, str] = {}
+    for n in names:
+        if n.casefold() in seen:
+            first = seen[n.casefold()]
+            return f"{n!r} twice" if first == n else f"{first!r} and {n!r}"
+        seen[n.casefold()] = n
+    return None
 
 
 def _check_file_name(kind: str, name: Any) -> None:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from memagent.errors import DataError, MemagentError
-from memagent.runfiles.jsonl import complete_lines, parse_line, rewrite
+from memagent.runfiles.jsonl import complete_lines, dumps, parse_line, rewrite
 from memagent.runfiles.resume import describe, setting_changes
 from memagent.runfiles.rows import row_sample_id
 from memagent.types import Sample
@@ -77,7 +77,8 @@ def _not_a_prediction(row: Any, sample_ids: Collection[str] | None) -> str | Non
 
 
 def resume_predictions(path: str | os.PathLike, settings: dict[str, Any],
-                       defaults: dict[str, Any] | None = None) -> set[str]:
+                       defaults: dict[str, Any] | None = None,
+                       answers: Mapping[str, Sequence[str]] | None = None) -> set[str]:
     """Before ``--resume`` appends to ``path``: refuse rows made with other settings (the rule of
     :mod:`memagent.runfiles.resume`), then keep only the ``ok`` rows (error rows are run again, and a torn last
     row is cut), so each sample ends with one row.
@@ -86,6 +87,8 @@ def resume_predictions(path: str | os.PathLike, settings: dict[str, Any],
         path: the predictions file.
         settings: what a prediction depends on now (recorded in every row).
         defaults: the defaults of settings recorded only when off their default.
+        answers: the samples' gold answers now (``--input``): a kept row that copied other ones gets these (a
+            prediction does not depend on the gold answers, so it is kept; its row must not show stale ones).
 
     Returns:
         the ids of the kept rows (the samples that are not run again).
@@ -107,8 +110,12 @@ def resume_predictions(path: str | os.PathLike, settings: dict[str, Any],
             raise MemagentError(f"--resume: {p} holds rows made with other settings ({describe(changes)}); use the "
                                 "same settings, or a new --output file")
         if isinstance(row, dict) and row.get("status") == "ok":
+            sid = row_sample_id(row)
+            gold = None if answers is None else answers.get(sid)
+            if gold is not None and row.get("answers") != list(gold):
+                line = dumps({**row, "answers": list(gold)}).rstrip("\n").encode("utf-8")
             keep.append(line + b"\n")
-            ids.add(row_sample_id(row))
+            ids.add(sid)
     try:
         rewrite(p, keep)
     except OSError as e:

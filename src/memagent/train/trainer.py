@@ -397,10 +397,26 @@ class Trainer:
         Returns:
             the last step's metrics.
         """
-        r = self.cfg.run
         start = self.step
+        config_path = os.path.join(self.out_dir, "config.json")
+        fresh = self.dist.is_main and not os.path.exists(config_path) and not self._trained_anything()
         if self.dist.is_main:
-            write_json(os.path.join(self.out_dir, "config.json"), config_to_dict(self.cfg), indent=1)
+            write_json(config_path, config_to_dict(self.cfg), indent=1)
+        try:
+            return self._fit(start)
+        except BaseException:
+            # refused or stopped before anything else was written (a first batch that does not fit, Ctrl-C during
+            # the first rollout): leave the folder as it was, not a config.json that marks it as a run
+            if fresh and not self._trained_anything():
+                os.remove(config_path)
+            raise
+
+    def _trained_anything(self) -> bool:
+        """Whether the output folder holds metrics or checkpoints (rollout scratch folders do not count)."""
+        return any(os.path.exists(os.path.join(self.out_dir, name)) for name in ("metrics.jsonl", "checkpoints"))
+
+    def _fit(self, start: int) -> dict[str, float]:
+        r = self.cfg.run
         if self.step == 0 and r.val_before_train and r.val_every and self.dist.is_main:
             before = self.validate()
             if before:
