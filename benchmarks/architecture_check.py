@@ -186,4 +186,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    import argparse
+
+    # no options: parsed so that --help shows the docstring and a mistyped flag is an error, not a silent run
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     sys.exit(main())

@@ -230,6 +230,10 @@ def _child(model_dir: str, lever: str, shape_json: str, threads: int) -> None:
                       "peak_is_step_only": exact}))
 
 
-if __name__ == "__main__" and len(sys.argv) == 6 and sys.argv[1] == "--child":
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
-    _child(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
+if __name__ == "__main__":
+    if len(sys.argv) == 6 and sys.argv[1] == "--child":  # one measured configuration, started by train_step.py
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+        _child(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
+    else:
+        sys.exit("update_levers.py holds the measurements benchmarks/train_step.py runs, each in its own process; "
+                 "run: python benchmarks/train_step.py --help")

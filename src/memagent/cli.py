@@ -264,9 +264,10 @@ DEMO_AGENT = agent_group(only=("chunk_tokens", "memory_tokens", "final_tokens", 
 @with_settings(DEMO_AGENT, BACKEND)
 def demo(
     data_root: Optional[Path] = DATA_ROOT,
-    index: int = typer.Option(0, "--index", min=0, help="which HotpotQA dev question (position in the dev subset), or which RULER sample"),
+    index: int = typer.Option(0, "--index", min=0, help="which HotpotQA dev question, counting only those whose gold paragraphs are all in the subset (0 = the first, in dev order), or which RULER sample"),
     target_tokens: int = typer.Option(30000, "--target-tokens", min=1, help="document length in tokens (gold paragraphs hidden among distractors; with --ruler, the RULER length)"),
     trace: Optional[str] = typer.Option(None, "--trace", metavar="<path>", help="write every turn as JSONL"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace a --trace file that already holds rows"),
     ruler: Optional[str] = typer.Option(None, "--ruler", help="instead of HotpotQA, a RULER document of this task (e.g. niah_single_2, niah_multikey_1); with --lora, the untrained and the trained agent read it side by side"),
     agent_config=None, backend_options=None,
 ):
@@ -277,6 +278,8 @@ def demo(
     try:  # checked before any model loads: a bad --trace must not cost the whole reading
         trace = file_option(trace, "--trace", "trace.jsonl")
         check_paths({}, {"--trace": trace})
+        if not overwrite:
+            check_not_overwriting({"--trace": trace}, resumable=False)
     except MemagentError as e:
         _fail(e)
     agent_config = _with_policy(agent_config, backend_options, DEMO_DEFAULTS)

@@ -91,6 +91,10 @@ def test_demo_scripted_shows_memory_and_gold(data_root, tmp_path):
     assert "Gold answer: yes" in out
     rows = [json.loads(line) for line in trace.read_text().splitlines()]
     assert [row["kind"] for row in rows] == ["update"] * 3 + ["final"]
+    r = _run("demo", "-b", "scripted", "--data-root", str(data_root), "--target-tokens", "12000",
+             "--chunk-tokens", "6000", "--trace", str(trace), "--overwrite")
+    assert r.exit_code == 0, r.output
+    assert [json.loads(line)["kind"] for line in trace.read_text().splitlines()] == ["update"] * 2 + ["final"]
 
 
 def test_demo_refuses_a_bad_trace_path_before_reading_and_creates_no_folder(data_root, tmp_path, monkeypatch):
@@ -111,6 +115,12 @@ def test_demo_refuses_a_bad_trace_path_before_reading_and_creates_no_folder(data
     assert r.exit_code == 2 and (f"--trace {tmp_path}/new/ ends with a slash, so it names a folder; give a file path, "
                                  f"e.g. --trace {tmp_path}/new/trace.jsonl") in " ".join(r.output.split()), r.output
     assert opened == [] and sorted(p.name for p in tmp_path.iterdir()) == ["doc.txt"]  # no file named "new"
+    kept = tmp_path / "results.jsonl"  # an earlier run's rows given as --trace by mistake
+    kept.write_text('{"sample_id": "a"}\n')
+    r = _run("demo", "-b", "scripted", "--data-root", str(data_root), "--trace", str(kept))
+    assert r.exit_code == 2 and f"--trace {kept} already holds 19 bytes" in r.output, r.output
+    assert "add --overwrite to replace it, or give another file" in " ".join(r.output.split())
+    assert opened == [] and kept.read_text() == '{"sample_id": "a"}\n'
 
 
 def test_a_policy_keeps_the_budgets_given_on_the_command_line_even_at_their_defaults(tmp_path):

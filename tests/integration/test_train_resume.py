@@ -117,8 +117,8 @@ def test_samples_without_gold_answers_are_refused_before_any_step(tmp_path):
     from memagent.errors import DataError
     from memagent.types import Sample
 
-    bad = [*TRAIN[:2], Sample("no-gold", "q?", "some document text")]
-    with pytest.raises(DataError, match=r"1 of 3 samples in the training set have no gold answers \(ids 'no-gold'\)"):
+    bad = [*TRAIN[:2], Sample("no-gold", "q?", "some document text"), Sample("blank", "q?", "text", ("",))]
+    with pytest.raises(DataError, match=r"2 of 4 samples in the training set have no gold answers \(ids 'no-gold', 'blank'\)"):
         Trainer(_cfg(tmp_path / "a"), train_samples=bad, val_samples=VAL)
     assert not (tmp_path / "a").exists()
 

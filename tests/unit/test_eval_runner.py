@@ -9,7 +9,7 @@ import pytest
 from memagent.backends.scripted import ScriptedBackend
 from memagent.data.io import write_samples
 from memagent.errors import ConfigError, DataError
-from memagent.eval.grid import EvalConfig
+from memagent.eval.grid import EvalConfig, TaskConfig
 from memagent.eval.metrics import read_results, summarize
 from memagent.eval.runner import EvalRunner, ResultWriter
 from memagent.types import Sample
@@ -99,6 +99,9 @@ def test_a_grids_scripted_backend_fails_the_requests_its_yaml_names(tmp_path):
     assert errors == [(m, n, "s2") for m in ("direct", "memagent") for n in (100, 200)]
     assert {r["error"] for r in rows if r["status"] == "error"} == {  # the agent stops at the first failed turn
         "s2/chunk0: scripted failure for s2/chunk0", "scripted failure for s2/direct"}
+    # fail is not part of the method hash: without it, --retry-errors reruns just the failed samples
+    rows = read_results(EvalRunner(_config(tmp_path, backend={"name": "scripted"}), retry_errors=True).run())
+    assert len(rows) == 16 and all(r["status"] == "ok" for r in rows)
     for bad, message in (("(", r"fail '\(' is not a regular expression"), ("", "fail must be a regular expression")):
         with pytest.raises(ConfigError, match=message):
             ScriptedBackend(fail=bad)
@@ -374,6 +377,14 @@ def test_grid_errors_and_shipped_configs(tmp_path):
          r"task name '../../evil': it becomes part of file names in the run folder, so it must be non-empty"),
         ({"methods": [{"name": "a/b"}], "tasks": [{"name": "vt", "lengths": [8]}]}, "method name 'a/b': it becomes part"),
         ({"methods": [{"name": ".hidden"}], "tasks": [{"name": "vt", "lengths": [8]}]}, "must not start with '.'"),
+        ({"tasks": [{"name": "vt", "lengths": ["2,048"]}]},
+         r"tasks\[0\].lengths: '2,048' holds a comma inside one list item; write the length without separators \(2048\)"),
+        # a setting of the other kind of method would be silently ignored
+        ({"methods": [{"name": "d", "kind": "direct", "chunk_tokens": 1000}], "tasks": [{"name": "vt", "lengths": [8]}]},
+         r"^g.yaml: methods\[0\]: method 'd' \(kind direct\): chunk_tokens applies to kind memory_agent only and "
+         "would be ignored; remove it, or set kind: memory_agent$"),
+        ({"methods": [{"name": "a", "max_input_tokens": 5, "max_new_tokens": 9}], "tasks": [{"name": "vt", "lengths": [8]}]},
+         r"method 'a' \(kind memory_agent\): max_input_tokens, max_new_tokens apply to kind direct only"),
     ]
     for grid, message in bad:
         with pytest.raises(ConfigError, match=message):
@@ -381,9 +392,11 @@ def test_grid_errors_and_shipped_configs(tmp_path):
     ok = EvalConfig.from_dict({"methods": m, "tasks": [
         {"name": "vt", "lengths": [8], "metrics": "string_match_part"},  # one metric as a plain string
         {"name": "mine", "lengths": ["2K"], "files": {"2K": "d/mine.jsonl", 4096: "/abs/x.jsonl"}},
-        {"name": "hotpotqa", "lengths": ["8K"], "unit": "tokens"},
+        {"name": "hotpotqa", "lengths": ["8K", "4K", 8192, "8k", "16K"], "unit": "tokens"},
     ]}, "g.yaml", base="/cfg")
-    assert ok.tasks[0].metrics == ("string_match_part",) and ok.tasks[2].lengths == (8192,)
+    assert ok.tasks[0].metrics == ("string_match_part",) and ok.tasks[2].lengths == (8192, 4096, 16384)  # each once
+    with pytest.raises(ConfigError, match=r"task 'vt': lengths \[8, 8\] name a length twice"):
+        TaskConfig("vt", (8, 8))
     assert ok.tasks[1].files == {2048: "/cfg/d/mine.jsonl", 4096: "/abs/x.jsonl"}  # relative to the config's folder
     from pathlib import Path
 
@@ -542,7 +555,6 @@ def test_resume_with_other_data_settings_is_refused(tmp_path):
     EvalRunner(cfg, backend=ScriptedBackend(responder=responder)).run(only=[("toy", 100)])
     task = cfg.tasks[0]
     changes = [
-        (replace(cfg, data_seed=7), "data_seed None -> 7"),
         (replace(cfg, tasks=(replace(task, metrics=("f1",)),)), r"task 'toy' metrics \[\] -> \['f1'\]"),
         (replace(cfg, tasks=(replace(task, samples=2),)), "samples 4 -> 2 .samples may grow, not shrink"),
     ]
@@ -550,8 +562,45 @@ def test_resume_with_other_data_settings_is_refused(tmp_path):
         with pytest.raises(ConfigError, match=message):
             EvalRunner(changed, backend=ScriptedBackend(responder=responder)).run()
     assert len(read_results(tmp_path / "run" / "results.jsonl")) == 8  # nothing was added by the refused runs
-    grown = replace(cfg, data_seed=None, tasks=(replace(task, samples=6),))  # more samples: allowed
+    grown = replace(cfg, data_seed=7, tasks=(replace(task, samples=6),))  # more samples: allowed; no seed enters files
     assert len(read_results(EvalRunner(grown, backend=ScriptedBackend(responder=responder)).run())) == 16
+
+
+def test_a_sample_file_changed_under_its_rows_is_refused_on_resume(tmp_path):
+    """Rows record the sha256 of the sample they were made from; a files: cell whose file was rebuilt with the
+    same ids (another document, or other gold answers) is refused before any row is added."""
+    from memagent.data.io import read_samples
+    from memagent.errors import DataError
+
+    cfg = _config(tmp_path, tasks=[{"name": "toy", "lengths": [100], "samples": 2,
+                                    "files": {100: _data(tmp_path, 100)}}])
+    rows = read_results(EvalRunner(cfg, backend=ScriptedBackend(responder=responder)).run())
+    assert len(rows) == 4 and all(len(r["sample_sha256"]) == 64 for r in rows)
+    path = tmp_path / "toy_100.jsonl"
+    original = path.read_text()
+    grown = replace(cfg, tasks=(replace(cfg.tasks[0], samples=4),))
+    for edit in ({"context": "another document"}, {"answers": ("Lyon",)}):
+        samples = read_samples(path)
+        samples[1] = replace(samples[1], **edit)
+        write_samples(path, samples)
+        with pytest.raises(DataError, match=r"task 'toy' length 100: sample 's1' in .*toy_100.jsonl is not the one "
+                                            r"method 'memagent'.s row was made from"):
+            EvalRunner(grown, backend=ScriptedBackend(responder=responder)).run()
+        assert len(read_results(tmp_path / "run" / "results.jsonl")) == 4
+    path.write_text(original)  # restored: the run resumes and adds the new samples
+    assert len(read_results(EvalRunner(grown, backend=ScriptedBackend(responder=responder)).run())) == 8
+
+
+def test_a_data_seed_is_compared_as_the_data_was_built(tmp_path, data_root):
+    """Stating a family's default seed (42 for RULER) resumes a run that left it unset; another seed is refused
+    for the built task, naming the seeds the data was and would be built with."""
+    cfg = _ruler_config(tmp_path, ["niah_single_1"], samples=1)
+    EvalRunner(cfg, backend=ScriptedBackend()).run()
+    rows = read_results(tmp_path / "run" / "results.jsonl")
+    assert len(rows) == 1
+    assert len(read_results(EvalRunner(replace(cfg, data_seed=42), backend=ScriptedBackend()).run())) == 1
+    with pytest.raises(ConfigError, match=r"task 'niah_single_1' data_seed 42 -> 0"):
+        EvalRunner(replace(cfg, data_seed=0), backend=ScriptedBackend()).run()
 
 
 def _ruler_config(tmp_path, tasks, samples=2, **kw):
@@ -614,8 +663,8 @@ def test_file_cells_are_checked_before_any_row(tmp_path):
         EvalRunner(replace(cfg, tasks=(replace(task, files={100: task.files[100], 200: str(empty)}),)),
                    backend=ScriptedBackend(responder=responder)).run()
     no_gold = tmp_path / "no_gold.jsonl"
-    write_samples(no_gold, [Sample("x", "Q?", "doc", ("a",)), Sample("y", "Q?", "doc", ())])
-    with pytest.raises(DataError, match=r"task 'toy' length 200 \(.*no_gold.jsonl\): 1 of 2 samples have no gold "
+    write_samples(no_gold, [Sample("x", "Q?", "doc", ("a",)), Sample("y", "Q?", "doc", ()), Sample("z", "Q?", "doc", (" ",))])
+    with pytest.raises(DataError, match=r"task 'toy' length 200 \(.*no_gold.jsonl\): 2 of 3 samples have no gold "
                                         r"answers \(e.g. sample 'y'\), so every score would be 0"):
         EvalRunner(replace(cfg, tasks=(replace(task, files={100: task.files[100], 200: str(no_gold)}),)),
                    backend=ScriptedBackend(responder=responder)).run()

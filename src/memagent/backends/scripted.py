@@ -1,9 +1,10 @@
 """A deterministic fake backend for tests and dry runs.
 
 It answers with a user-supplied function of the request (or a fixed list of replies), records every
-batch it was called with, and can be told to fail chosen requests: from Python with a predicate, from an eval
-grid's YAML or the command line with a regular expression on request ids (``backend: {name: scripted, fail:
-"^s1/"}``), so the counting of failed samples can be dry-run without a model.
+batch it was called with, and can be told to fail chosen requests: from Python with a predicate, or from an eval
+grid's YAML with a regular expression on request ids (``backend: {name: scripted, fail: "^s1/"}``), so the
+counting of failed samples can be dry-run without a model. ``fail`` is not part of a method's hash, so removing
+it and rerunning with ``--retry-errors`` dry-runs the recovery too.
 """
 
 from __future__ import annotations

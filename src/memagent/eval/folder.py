@@ -7,6 +7,7 @@ Files are read and written through :mod:`memagent.runfiles`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -130,14 +131,18 @@ class RunFolder:
         if not started:
             return
         old_cfg = read_manifest(self.run_dir / "manifest.json").get("config") or {}
-        diffs = [f"data_seed {a} -> {b}" for _, a, b in setting_changes(
-            {k: v for k, v in old_cfg.items() if k == "data_seed"}, {"data_seed": self.config.data_seed})]
+        diffs = []
         old_tasks = self._old_task_settings()
         for t in self.config.tasks:
             if t.name not in started:
                 continue
             new = task_settings(json.loads(json.dumps(asdict(t))))
             o = old_tasks.get(t.name)
+            if "data_seed" in old_cfg:  # compared as built: data_seed 42 stated is RULER's default left unset
+                was = dataclasses.replace(self.config, data_seed=old_cfg["data_seed"]).data_seed_for(t)
+                now = self.config.data_seed_for(t)
+                if was != now:
+                    diffs.append(f"task {t.name!r} data_seed {was} -> {now}")
             if o is not None:
                 diffs += [f"task {t.name!r} {k} {a!r} -> {b!r}" for k, a, b in setting_changes(o, new, may_change={"samples"})]
                 if new["samples"] < (o.get("samples") or 0):

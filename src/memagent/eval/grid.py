@@ -58,8 +58,14 @@ GRID_SAMPLING = ("temperature", "top_p", "seed")
 RECORD_KEYS = ("name", "kind", "chunk_tokens", "memory_tokens", "final_tokens", "max_context_tokens", "batch_size",
                "templates", "max_input_tokens", "max_new_tokens")
 
+#: Method settings only one kind of method uses (the rest of :class:`AgentConfig`, batch size and sampling, both).
+AGENT_ONLY = ("chunk_tokens", "memory_tokens", "final_tokens", "max_context_tokens", "templates", "slack_tokens")
+DIRECT_ONLY = ("max_input_tokens", "max_new_tokens")
+
 #: Backend settings that are not part of a method's hash (:meth:`EvalConfig.method_hash`).
-TRANSPORT_KEYS = frozenset({"base_url", "concurrency", "timeout_s", "max_retries", "api_key_env", "n_threads"})
+#: The scripted backend's ``fail`` (injected failures) is among them: it decides which requests fail, never what a
+#: successful one answers, and failed rows are rerun by ``--retry-errors``.
+TRANSPORT_KEYS = frozenset({"base_url", "concurrency", "timeout_s", "max_retries", "api_key_env", "n_threads", "fail"})
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,18 @@ class MethodConfig:
             raise ConfigError(f"method {self.name!r}: max_new_tokens must be >= 1")
         if "name" in self.backend and not isinstance(self.backend["name"], str):
             raise ConfigError(f"method {self.name!r}: backend name must be a string")
+        # a setting of the other kind would be ignored, as a typo would: refuse it (one left at its default cannot be
+        # told from an unset one, and changes nothing)
+        defaults = MethodConfig.__dataclass_fields__
+        if self.kind == "direct":
+            unused = [k for k in AGENT_ONLY if getattr(self.agent, k) != getattr(AgentConfig(), k)]
+        else:
+            unused = [k for k in DIRECT_ONLY if getattr(self, k) != defaults[k].default]
+        if unused:
+            other = "memory_agent" if self.kind == "direct" else "direct"
+            raise ConfigError(f"method {self.name!r} (kind {self.kind}): {', '.join(unused)} "
+                              f"{'applies' if len(unused) == 1 else 'apply'} to kind {other} only and would be "
+                              f"ignored; remove {'it' if len(unused) == 1 else 'them'}, or set kind: {other}")
 
     def record(self) -> dict[str, Any]:
         """The method as recorded in manifests and hashed: :data:`RECORD_KEYS` always, every other setting
@@ -131,6 +149,8 @@ class TaskConfig:
     def __post_init__(self):
         if not self.lengths:
             raise ConfigError(f"task {self.name!r}: give at least one length")
+        if len(set(self.lengths)) != len(self.lengths):
+            raise ConfigError(f"task {self.name!r}: lengths {list(self.lengths)} name a length twice; give each once")
         if self.samples < 1:
             raise ConfigError(f"task {self.name!r}: samples must be >= 1")
         if self.unit not in (None, "docs", "tokens"):
@@ -290,6 +310,15 @@ class EvalConfig:
         d["methods"] = [m.record() for m in self.methods]
         return d
 
+    def data_seed_for(self, task: TaskConfig) -> int | None:
+        """The seed ``task``'s data is built with: ``data_seed``, else the convention of its family (hotpotqa 0,
+        RULER 42); ``None`` for a task read from ``files`` (no seed enters it)."""
+        if task.files:
+            return None
+        if self.data_seed is not None:
+            return self.data_seed
+        return 0 if task.name == "hotpotqa" else 42
+
     def backend_for(self, method: MethodConfig) -> dict[str, Any]:
         """The backend settings ``method`` runs on: its own ``backend:`` merged over the grid's."""
         return {**self.backend, **method.backend}
@@ -347,13 +376,17 @@ def _check_file_name(kind: str, name: Any) -> None:
 def _lengths(values: Any, where: str, suffix: bool = True) -> tuple[int, ...]:
     """``[8192, "16K"]`` -> ``(8192, 16384)``: whole numbers, or strings with a K/M suffix like the CLI's
     (``suffix=False``: numbers of documents, no suffix)."""
-    if not isinstance(values, (list, tuple)):
-        values = [values]
-    out = []
+    listed = isinstance(values, (list, tuple))
+    if not listed:
+        values = [values]  # "8K,16K" as one string: split as the command line does
+    out: list[int] = []
     for x in values:
         if isinstance(x, bool) or not isinstance(x, (int, str)):
             raise ConfigError(f"{where}: {x!r} is not a length (use whole numbers like 8192 or 8K)")
-        out.extend(parse_ints(str(x), where, suffix=suffix))
+        if listed and isinstance(x, str) and "," in x:  # "2,048" in a list is a thousands separator, not 2 and 48
+            raise ConfigError(f"{where}: {x!r} holds a comma inside one list item; write the length without "
+                              f"separators ({x.replace(',', '')}), and give several lengths as list items")
+        out.extend(v for v in parse_ints(str(x), where, suffix=suffix) if v not in out)  # 2K and 2048: one length
     return tuple(out)
 
 

@@ -157,13 +157,13 @@ class EvalRunner(RunFolder):
 
             records = load_hotpotqa(paths.data_file(paths.HOTPOTQA_DEV, root))
             pool = build_pool(records, name="hotpotqa-dev")
-            seed = self.config.data_seed if self.config.data_seed is not None else 0
+            seed = self.config.data_seed_for(task)
             kw = {"num_docs": length} if task.length_unit == "docs" else {"target_tokens": length}
             chosen = select_records(records, task.samples, keep_incomplete=task.keep_incomplete)
             return [build_sample(r, pool, self.tokenizer, seed, **kw) for r in chosen]
         from memagent.data.ruler import build_ruler_sample
 
-        seed = self.config.data_seed if self.config.data_seed is not None else 42
+        seed = self.config.data_seed_for(task)
         return [build_ruler_sample(task.name, length, i, self.tokenizer, seed, data_root=root) for i in range(task.samples)]
 
     # ------------------------------------------------------------------------------------------- run
@@ -218,7 +218,7 @@ class EvalRunner(RunFolder):
             self.check_resume(writer)
             self.write_manifest(writer)
             cells = [(t, n) for t in self.config.tasks for n in t.lengths if selected is None or (t.name, n) in selected]
-            self.prepare(cells)
+            self.prepare(cells, writer)
             for b in self._backends_in_use(only_methods) if cells else ():  # a server: fail before any row
                 if callable(getattr(b, "check_reachable", None)):
                     b.check_reachable()
@@ -266,26 +266,49 @@ class EvalRunner(RunFolder):
             if callable(getattr(b, "endpoint_stats", None)):
                 self.log(f"{b.name}: {describe_stats(b.endpoint_stats())}")
 
-    def prepare(self, cells: Sequence[tuple[TaskConfig, int]]) -> None:
+    def prepare(self, cells: Sequence[tuple[TaskConfig, int]], writer: ResultWriter | None = None) -> None:
         """Build or read the data of every cell before any model call, so that an impossible length, a missing
-        or empty file, samples without gold answers, or a missing data root stops the run before hours of work;
-        warns when a file holds fewer samples than asked.
+        or empty file, samples without gold answers, a sample file changed under the rows made from it, or a
+        missing data root stops the run before hours of work; warns when a file holds fewer samples than asked.
+
+        Args:
+            cells: the (task, length) cells about to run.
+            writer: the open results file, whose rows' ``sample_sha256`` the cells' samples must match.
 
         Raises:
             ConfigError, DataError: from :meth:`cell_samples`, naming the task and length; DataError when a
-                cell's samples have no gold answers (every score would be 0).
+                cell's samples have no gold answers (every score would be 0) or differ from those a row was made
+                from (a ``files:`` sample file edited or rebuilt).
         """
         for task, length in cells:
             samples = self.cell_samples(task, length)
+            if writer is not None:
+                self._check_unchanged(writer, task, length, samples)
             n = len(samples)
-            unanswered = [s.id for s in samples if not s.answers]
+            unanswered = [s.id for s in samples if not any(a.strip() for a in s.answers)]  # [""] scores 0 too
             if unanswered:
                 where = f" ({task.files[length]})" if length in task.files else ""
                 raise DataError(f"task {task.name!r} length {length}{where}: {len(unanswered)} of {n} samples have no "
                                 f"gold answers (e.g. sample {unanswered[0]!r}), so every score would be 0; give each "
-                                "sample an 'answers' list (use `memagent run` for predictions without scoring)")
+                                "sample an 'answers' list with a non-blank answer (use `memagent run` for predictions "
+                                "without scoring)")
             if n < task.samples:
                 self.log(f"warning: task {task.name!r} length {length}: {n} samples, fewer than samples: {task.samples}")
+
+    def _check_unchanged(self, writer: ResultWriter, task: TaskConfig, length: int, samples: list[Sample]) -> None:
+        """Refuse a cell whose sample now reads differently from the one a row was made from."""
+        from memagent.runfiles.rows import sample_sha256
+
+        for s in samples:
+            digest = sample_sha256(s)
+            for m in self.config.methods:
+                old = writer.inputs.get((m.name, task.name, length, s.id))
+                if old is not None and digest is not None and old != digest:
+                    where = task.files.get(length) or f"{self.run_dir}/data/{task.name}_{length}.jsonl"
+                    raise DataError(
+                        f"task {task.name!r} length {length}: sample {s.id!r} in {where} is not the one method "
+                        f"{m.name!r}'s row was made from (its question, document or gold answers changed); a "
+                        "resumed run would mix rows of two datasets: restore the file, or use a new --output folder")
 
     def check_methods(self) -> None:
         """Refuse, before any row is written, a method that cannot fit its backend's context window whatever the

@@ -6,7 +6,9 @@ adds its own:
 =================  ==========================================================================================
 written by         fields, in order
 =================  ==========================================================================================
-``eval`` (cell)    ``method, task, length, length_unit, method_hash`` first
+``eval`` (cell)    ``method, task, length, length_unit, method_hash`` first, ``sample_sha256`` last (the hash of
+                   the sample's question, context and gold answers: a resumed run refuses a sample file that
+                   changed under rows already made from it)
 every row          ``sample_id, status, error, question, answers, response, answer, extraction``
 ``eval`` (scored)  ``metric, score, scores, context_tokens``
 every row          ``document_tokens, prompt_tokens, completion_tokens, turns, seconds, trace``
@@ -101,7 +103,19 @@ def result_row(sample: Sample, outcome: Outcome, *, cell: Mapping[str, Any] | No
     if provenance is not None:
         row.update(provenance)
         row["metadata"] = sample.metadata
+    if cell is not None and (digest := sample_sha256(sample)) is not None:
+        row["sample_sha256"] = digest
     return row
+
+
+def sample_sha256(sample: Sample) -> str | None:
+    """The sha256 of what an eval row was computed from: the sample's question, context and gold answers (text
+    contexts only; ``None`` for a document read in pieces)."""
+    import hashlib
+
+    if not isinstance(sample.context, str):
+        return None
+    return hashlib.sha256(json.dumps([sample.question, sample.context, list(sample.answers)]).encode("utf-8")).hexdigest()
 
 
 def row_sample_id(row: Mapping[str, Any]) -> str | None:
@@ -116,7 +130,9 @@ def row_key(row: Mapping[str, Any]) -> tuple[str, str, int, str]:
 
 
 def check_row(row: Any, where: str) -> None:
-    """Check one parsed eval result row against :data:`ROW_FIELDS` and :data:`OPTIONAL_ROW_FIELDS`.
+    """Check one parsed eval result row against :data:`ROW_FIELDS` and :data:`OPTIONAL_ROW_FIELDS`; ``score`` and
+    every ``scores`` value must be a finite fraction in [0, 1] (a NaN, an infinity or a percentage would be averaged
+    into the cell's mean as it is).
 
     Raises:
         DataError: naming ``where`` (file:line) and the field, with what to do.
@@ -135,6 +151,10 @@ def check_row(row: Any, where: str) -> None:
     for name, v in row["scores"].items():
         if not isinstance(v, (int, float)) or isinstance(v, bool):
             raise DataError(f"{where}: malformed result row (score {name!r} is {v!r}, not a number); fix or remove that line")
+    for name, v in [("score", row["score"]), *((f"scores.{k}", x) for k, x in row["scores"].items())]:
+        if not 0.0 <= v <= 1.0:  # NaN fails both comparisons
+            raise DataError(f"{where}: malformed result row ({name} is {v!r}; a score is a fraction from 0 to 1); "
+                            "fix or remove that line (rescore it, or rerun that sample)")
 
 
 def read_results(path: str | os.PathLike, on_torn: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
@@ -178,6 +198,8 @@ class ResultWriter:
     Attributes:
         done: ``row_key -> status`` of every row (of a key written twice, the last).
         hashes: method -> the method hashes its rows carry.
+        inputs: ``row_key -> sample_sha256`` of every row that records one (rows made before it was recorded
+            are not compared).
         tasks: tasks with rows.
         metrics: task -> the metric lists its rows were scored with.
     """
@@ -185,6 +207,7 @@ class ResultWriter:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self.done: dict[tuple[str, str, int, str], str] = {}
+        self.inputs: dict[tuple[str, str, int, str], str] = {}
         self.hashes: dict[str, set[str]] = {}
         self.tasks: set[str] = set()
         self.metrics: dict[str, set[tuple[str, ...]]] = {}
@@ -196,6 +219,8 @@ class ResultWriter:
 
     def _record(self, row: dict[str, Any]) -> None:
         self.done[row_key(row)] = row["status"]
+        if isinstance(row.get("sample_sha256"), str):
+            self.inputs[row_key(row)] = row["sample_sha256"]
         self.hashes.setdefault(row["method"], set()).add(row.get("method_hash", ""))
         self.tasks.add(row["task"])
         self.metrics.setdefault(row["task"], set()).add(tuple(row["scores"]))

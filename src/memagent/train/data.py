@@ -23,12 +23,12 @@ def samples_sha256(samples) -> str:
 
 
 def check_gold(samples, where: str) -> None:
-    """Refuse, before any step, samples without gold answers: their reward cannot be computed.
+    """Refuse, before any step, samples without a non-blank gold answer: their reward cannot be computed.
 
     Raises:
         DataError: naming the file and the first ids.
     """
-    missing = [s.id for s in samples if not s.answers]
+    missing = [s.id for s in samples if not any(a.strip() for a in s.answers)]  # [""] has no reward either
     if missing:
         raise DataError(f"{len(missing)} of {len(samples)} samples in {where} have no gold answers (ids "
                         f"{', '.join(map(repr, missing[:5]))}{', ...' if len(missing) > 5 else ''}); the reward needs "
