@@ -42,11 +42,10 @@ class Sample:
         if not isinstance(self.id, str):  # ids become request ids, row keys and file names
             raise TypeError(f"Sample id must be a string, got {type(self.id).__name__} {self.id!r}; write "
                             f"id={str(self.id)!r}")
-        from memagent.chunking import TextSource  # here: chunking imports this module
-
-        # found when built, not at the first chunking call deep in a run
+        # found when built, not at the first chunking call deep in a run; a context read in pieces is told by its
+        # pieces() (memagent.chunking.TextSource's protocol: that module sits above this one)
         for name, value in (("question", self.question), ("context", self.context)):
-            if not isinstance(value, str) and not (name == "context" and isinstance(value, TextSource)):
+            if not isinstance(value, str) and not (name == "context" and callable(getattr(value, "pieces", None))):
                 raise TypeError(f"Sample {self.id!r}: {name} must be a string, got {type(value).__name__} "
                                 f"{value!r:.60}; read a file's text first (Path(...).read_text()), or give "
                                 "MemoryAgent.answer the path")
