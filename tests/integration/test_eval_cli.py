@@ -50,7 +50,7 @@ def test_eval_with_fewer_methods_keeps_the_others_in_manifest_and_report(tmp_pat
     assert m["prompt_hashes"] == first["prompt_hashes"] and set(m["prompt_hashes"]) == {"memagent", "direct"}
     assert [x["name"] for x in m["config"]["methods"]] == ["memagent", "direct"]
     summary = (out / "summary.md").read_text()
-    (head,) = [x for x in summary.splitlines() if x.startswith("| length |")]
+    (head,) = [x for x in summary.splitlines() if x.startswith("| length (tokens) |")]
     assert sorted(head.strip("| ").split(" | ")[1:]) == ["direct", "memagent"]
     assert f"prompt hashes {first['prompt_hashes']}" in summary
 
@@ -184,3 +184,24 @@ def test_python_dash_m_runs_the_cli():
 
     r = subprocess.run([sys.executable, "-m", "memagent", "eval", "--help"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "--only-methods" in r.stdout
+
+
+def test_report_refuses_another_runs_folder_and_warns_about_another_tokenizer(tmp_path):
+    row = {"method": "m", "task": "vt", "length": 2048, "sample_id": "a", "status": "ok", "score": 1.0,
+           "scores": {"string_match_all": 1.0}, "metric": "string_match_all"}
+    for name, tok in (("a", "bytes"), ("b", "SmolLM2-135M-Instruct.Q4_1.gguf")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.jsonl").write_text(json.dumps(row) + "\n")
+        (tmp_path / name / "manifest.json").write_text(json.dumps({"name": name, "tokenizer": tok}))
+    r = CliRunner().invoke(_app(), ["report", str(tmp_path / "a"), "--out", str(tmp_path / "b"), "--no-plot"])
+    assert r.exit_code == 2 and f"error: --out {str(tmp_path / 'b')!r} is another eval run's folder (it holds " \
+        "results.jsonl), not one of the runs reported" in " ".join(r.output.split()), r.output
+    assert not (tmp_path / "b" / "summary.md").exists()
+    r = CliRunner().invoke(_app(), ["report", str(tmp_path / "a"), "--no-plot", "--tokenizer", "bytes"])
+    assert r.exit_code == 0 and "warning" not in r.output, r.output  # the run's own tokenizer
+    r = CliRunner().invoke(_app(), ["report", str(tmp_path / "b"), "--no-plot", "--tokenizer", "bytes"])
+    assert r.exit_code == 0, r.output  # used, not refused: a warning naming both
+    assert (f"warning: --tokenizer bytes (bytes) is not the tokenizer {tmp_path / 'b'} recorded "
+            "(SmolLM2-135M-Instruct.Q4_1.gguf); its evidence numbers (read %, outcomes) are computed with "
+            "--tokenizer's and may differ from the run's own") in " ".join(r.output.split())
+    assert (tmp_path / "b" / "summary.md").is_file()

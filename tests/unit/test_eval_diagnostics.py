@@ -375,7 +375,7 @@ def test_run_folder_report_and_missing_traces(tmp_path):
     assert (d["n_correct"], d["n_in_view_wrong"], d["n_not_read"], d["read_pct"]) == ("1", "1", "2", "50.0")
     assert d["captured_pct"] == "" and d["cap_hit_pct"] == ""  # no memory: not measured, not zero
     md = (run / "summary.md").read_text()
-    assert "## Memory diagnostics" in md and "| direct | toy | 500 | 4 | 25.0 | 50.0 | n/a | n/a |" in md
+    assert "## Memory diagnostics" in md and "| direct | toy | 500 tok | 4 | 25.0 | 50.0 | n/a | n/a |" in md
     page = (run / "report.html").read_text()
     assert "http://" not in page.replace("http://www.w3.org", "") and "<link" not in page and "src='data:image/png;base64," in page
     data = json.loads(re.search(r'<script id="report-data" type="application/json">(.*?)</script>', page, re.S).group(1))
@@ -519,8 +519,6 @@ def test_committed_example_run(tmp_path):
     assert (niah.n_updates, niah.cap_hit_pct) == (16, 93.75)
     failed = next(d for d in diagnose_run(run) if d.method == "memagent" and d.sample_id == "niah_single_2-2048-2")
     assert failed.targets[0].evidence_chunks == [0] and failed.targets[0].captured is False
-    # the direct prompts' view needs the run's tokenizer (the manifest names only the GGUF file)
-    assert cells[("direct", "vt")].read_pct is None
 
 
 def test_committed_example_run_direct_view(gguf_tokenizer):
@@ -529,3 +527,40 @@ def test_committed_example_run_direct_view(gguf_tokenizer):
     cells = {(c.method, c.task): c for c in run_cell_diagnostics("docs/results/diag_smollm2_2k", gguf_tokenizer)}
     assert cells[("direct", "vt")].read_pct == 100.0 and cells[("direct", "vt")].outcomes["in_view_wrong"] == 4
     assert cells[("direct", "niah_single_2")].outcomes["correct"] == 4
+    # the manifest names only the GGUF file (SmolLM2-135M-Instruct.Q4_1.gguf): the embedded vocabulary is loaded
+    # for it, so the direct prompts' view is measured without --tokenizer too, with the same numbers
+    assert run_cell_diagnostics("docs/results/diag_smollm2_2k") == list(cells.values())
+
+
+@pytest.mark.parametrize("manifest, spec", [
+    ({"tokenizer": "SmolLM2-135M-Instruct.Q4_1.gguf"}, "smollm2"),  # the shipped file
+    ({"tokenizer": "SmolLM2-135M-Instruct.F16.gguf"}, "smollm2"),  # its F16 copy (--model smollm2-f16)
+    ({"tokenizer": "smollm2-135m-instruct-q8_0.gguf"}, "smollm2"),  # another quantization: the same vocabulary
+    ({"tokenizer": "smollm2-f16"}, "smollm2"),
+    ({"tokenizer": "bytes"}, "bytes"),
+    ({"tokenizer": "SmolLM2-135M-Instruct.Q4_1.gguf", "config": {"tokenizer": "path/tokenizer.json"}}, "path/tokenizer.json"),
+    ({"tokenizer": "base-f16.gguf"}, None),  # the trainer's copy of whatever base: not known to be SmolLM2's
+    ({"tokenizer": "SmolLM2-360M-Instruct.Q4_1.gguf"}, None),
+    ({"tokenizer": "model"}, None), ({}, None),
+])
+def test_the_tokenizer_a_manifest_records_is_loaded_by_name(manifest, spec):
+    from memagent.eval.run_diagnostics import _tokenizer_spec
+
+    assert _tokenizer_spec(manifest) == spec
+
+
+def test_tokenizer_mismatch_compares_the_spec_the_name_and_the_vocabulary():
+    from types import SimpleNamespace
+
+    from memagent.eval.run_diagnostics import tokenizer_mismatch
+
+    q4 = {"tokenizer": "SmolLM2-135M-Instruct.Q4_1.gguf"}
+    smollm2 = SimpleNamespace(name="SmolLM2-135M-Instruct.Q4_1.gguf")  # what load_tokenizer("smollm2") names itself
+    assert tokenizer_mismatch(q4, "smollm2", smollm2) is None
+    assert tokenizer_mismatch({"tokenizer": "SmolLM2-135M-Instruct.F16.gguf"}, "smollm2", smollm2) is None
+    assert tokenizer_mismatch(q4, "bytes", SimpleNamespace(name="bytes")) == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert tokenizer_mismatch({"tokenizer": "bytes"}, "smollm2", smollm2) == "bytes"
+    assert tokenizer_mismatch({"tokenizer": "base-f16.gguf"}, "smollm2", smollm2) == "base-f16.gguf"
+    assert tokenizer_mismatch({"tokenizer": "qwen", "config": {"tokenizer": "q/tokenizer.json"}}, "q/tokenizer.json",
+                              SimpleNamespace(name="q")) is None  # the grid's own setting
+    assert tokenizer_mismatch({}, "bytes", SimpleNamespace(name="bytes")) is None  # nothing recorded: nothing to compare

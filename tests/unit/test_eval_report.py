@@ -95,8 +95,63 @@ def test_partial_cells_give_their_n():
 
     rows = [_row("m", "hotpotqa", 50, s, 1.0, unit="docs") for s in "abcd"] + [_row("m", "hotpotqa", 100, "a", 0.0, unit="docs")]
     md = markdown_table([("m", c) for c in summ(rows)])
-    assert "### hotpotqa (sub_em, %; n per cell up to 4; smaller cells give their n)" in md
+    assert "### hotpotqa (sub_em, %; n per cell up to 4; (n=…) marks a cell with fewer samples than the fullest cell)" in md
     assert "| 100 docs (~1.1K tok) | 0.0 ± 0.0 (n=1) |" in md and "| 50 docs (~1.1K tok) | 100.0 ± 0.0 |" in md
+
+
+def test_cells_short_of_the_samples_the_grid_asked_for_give_their_n(tmp_path):
+    """Every cell has 3 samples of the 4 the manifest's grid asked for: not 'n per cell = 3' as if complete."""
+    from memagent.eval.report import accuracy_figure, load_runs
+
+    rows = [_row("m", "t", n, s, float(s != "c")) for n in (2048, 4096) for s in "abc"]
+    rows += [_row("m", "u", 8, s, 1.0) for s in "abcd"]  # a task whose cells are complete
+    _write_run(tmp_path / "r", rows, "r")
+    manifest = json.loads((tmp_path / "r" / "manifest.json").read_text())
+    manifest["task_settings"] = {"t": {"samples": 4}, "u": {"samples": 4}}
+    (tmp_path / "r" / "manifest.json").write_text(json.dumps(manifest))
+    write_report([tmp_path / "r"], plot=False)
+    md = (tmp_path / "r" / "summary.md").read_text()
+    assert ("### t (sub_em, %; n per cell = 3 of 4 asked; (n=…) marks a cell with fewer samples than its grid asked "
+            "for or than the fullest cell)") in md
+    assert "| 2K | 66.7 ± 33.3 (n=3) |" in md and "| 4K | 66.7 ± 33.3 (n=3) |" in md
+    assert "### u (sub_em, %; n per cell = 4)" in md and "| 8 | 100.0 ± 0.0 |" in md
+    [(_, cells, _)] = load_runs([tmp_path / "r"])
+    assert [(c.task, c.n, c.n_asked) for c in cells] == [("t", 3, 4), ("t", 3, 4), ("u", 4, 4)]
+    t_ax, u_ax = accuracy_figure([("m", c) for c in cells]).axes  # the plot marks them the same way
+    assert [t.get_text() for t in t_ax.texts] == ["n=3", "n=3"] and len(u_ax.texts) == 0
+    # an older manifest without task_settings: its config's tasks say what was asked
+    (tmp_path / "r" / "manifest.json").write_text(json.dumps({"config": {"tasks": [{"name": "t", "samples": 5}]}}))
+    [(_, cells, _)] = load_runs([tmp_path / "r"])
+    assert [(c.task, c.n_asked) for c in cells] == [("t", 5), ("t", 5), ("u", None)]
+
+
+def test_lengths_state_their_unit(tmp_path):
+    rows = [_row("m", "vt", n, s, 1.0) for n in (189, 2048) for s in "ab"]
+    _write_run(tmp_path / "r", rows, "r")
+    write_report([tmp_path / "r"], plot=False)
+    md = (tmp_path / "r" / "summary.md").read_text()
+    assert "| length (tokens) | m |" in md and "| 189 | 100.0 ± 0.0 |" in md and "| 2K | 100.0 ± 0.0 |" in md
+    assert "| m | vt | 189 tok | 2 | 100.0 |" in md and "| m | vt | 2K tok | 2 | 100.0 |" in md  # diagnostics table
+    page = (tmp_path / "r" / "report.html").read_text()
+    assert "<td>m</td><td>vt</td><td>2K tok</td><td>2</td>" in page
+    rows = list(csv.DictReader((tmp_path / "r" / "summary.csv").read_text().splitlines()))
+    assert [(r["length"], r["length_unit"]) for r in rows] == [("189", "tokens"), ("2048", "tokens")]
+
+
+def test_plot_draws_one_panel_per_length_unit():
+    from memagent.eval.report import accuracy_figure
+
+    rows = [_row("m", "hotpotqa", n, s, 1.0, unit="docs") for n in (10, 20) for s in "ab"]
+    rows += [_row("m2", "hotpotqa", n, s, 0.5) for n in (2048, 4096) for s in "ab"]
+    rows += [_row("m", "vt", 2048, s, 1.0) for s in "ab"]
+    docs, tokens, vt = accuracy_figure([(c.method, c) for c in summarize(rows)]).axes
+    assert (docs.get_title(), docs.get_xlabel()) == ("hotpotqa (docs)", "documents")
+    assert (tokens.get_title(), tokens.get_xlabel()) == ("hotpotqa (tokens)", "context length (tokens)")
+    assert [t.get_text() for t in docs.get_xticklabels()] == ["10", "20"]
+    assert [t.get_text() for t in tokens.get_xticklabels()] == ["2K", "4K"]
+    assert [t.get_text() for t in docs.get_legend().get_texts()] == ["m"]
+    assert [t.get_text() for t in tokens.get_legend().get_texts()] == ["m2"]
+    assert (vt.get_title(), vt.get_xlabel()) == ("vt", "context length (tokens)")  # one unit: the task's name alone
 
 
 
@@ -125,8 +180,8 @@ def test_comparing_runs_needs_an_out_folder_and_keeps_units_and_metrics_apart(tm
     write_report([tmp_path / "d", tmp_path / "t"], tmp_path / "out", plot=False)
     md = (tmp_path / "out" / "summary.md").read_text()
     assert "### hotpotqa (%, metric per column; n per cell = 2)" in md
-    assert "| length | docs/m [sub_em] | tokens/m [f1] |" in md
-    assert "| 10 |  | 0.0 ± 0.0 |" in md  # the token row holds only the token run
+    assert "| length | docs/m [sub_em] | tokens/m [f1] |" in md  # units mixed: each row names its own
+    assert "| 10 tok |  | 0.0 ± 0.0 |" in md  # the token row holds only the token run
     assert "| 10 docs (~1.0K tok) | 100.0 ± 0.0 |  |" in md
     with pytest.raises(DataError, match="cannot write the report into"):
         write_report([tmp_path / "d"], "/proc/memagent-report")
@@ -148,6 +203,34 @@ def test_a_cell_mixing_metrics_is_refused():
     rows = [_row("m", "t", 8, "a", 1.0), dict(_row("m", "t", 8, "b", 1.0), metric="f1")]
     with pytest.raises(DataError, match=r"cell \(m, t, 8\) mixes rows of different settings"):
         summarize(rows)
+
+
+def test_a_cell_mixing_method_hashes_is_refused_naming_the_file(tmp_path):
+    rows = [dict(_row("m", "t", 8, "a", 1.0), method_hash="aaa111"), dict(_row("m", "t", 8, "b", 0.0), method_hash="bbb222"),
+            dict(_row("m", "t", 16, "a", 1.0), method_hash="bbb222")]
+    _write_run(tmp_path / "r", rows, "r")
+    with pytest.raises(DataError) as e:
+        write_report([tmp_path / "r"], plot=False)
+    assert str(e.value) == (f"{tmp_path / 'r' / 'results.jsonl'}: cell (m, t, 8) mixes rows made with different method "
+                            "settings (method_hash 'aaa111', 'bbb222'): its mean would average two settings; keep one "
+                            "setting's rows in that results file (rerun the other setting under another method name "
+                            "or --output)")
+    assert not (tmp_path / "r" / "summary.md").exists()
+    with pytest.raises(DataError, match=r"^cell \(m, t, 8\) mixes rows made with different method settings \(method_hash "
+                                        r"none, 'aaa111'\)"):  # a row without a hash counts as its own setting
+        summarize([rows[0], _row("m", "t", 8, "b", 0.0)])
+    assert [c.n for c in summarize(rows[1:])] == [1, 1]  # one hash per cell: fine
+
+
+@pytest.mark.parametrize("change, shown", [({"score": float("nan")}, "score is nan"), ({"score": 1.5}, "score is 1.5"),
+                                           ({"score": float("inf")}, "score is inf"),
+                                           ({"scores": {"sub_em": 1.0, "f1": -0.25}}, "scores.f1 is -0.25")])
+def test_a_score_that_is_not_a_fraction_is_refused_naming_the_line(tmp_path, change, shown):
+    _write_run(tmp_path / "r", [_row("m", "t", 8, "a", 1.0), {**_row("m", "t", 8, "b", 1.0), **change}], "r")
+    with pytest.raises(DataError) as e:
+        write_report([tmp_path / "r"], plot=False)
+    assert str(e.value) == (f"{tmp_path / 'r' / 'results.jsonl'}:2: malformed result row ({shown}; a score is a "
+                            "fraction from 0 to 1); fix or remove that line (rescore it, or rerun that sample)")
 
 
 def test_unreadable_manifest_is_named(tmp_path):
@@ -176,3 +259,60 @@ def test_a_torn_last_row_is_named_in_a_warning_and_left_out_as_eval_would_rerun_
     (run / "results.jsonl").write_text(whole + json.dumps(dict(row, sample_id="b")) + "\n")
     [(_, cells, _)] = load_runs([run])
     assert capsys.readouterr().err == "" and cells[0].n == 2
+
+
+PAYLOAD = "</script><script>alert(1)</script> <!-- x"
+
+
+def test_report_html_embeds_any_document_text_safely(tmp_path):
+    """A question, response or memory holding ``</script>``, ``<script`` and ``<!--`` stays data: the page's only
+    script tags are its own, and the embedded JSON gives the texts back exactly."""
+    run = tmp_path / "r"
+    row = dict(_row("m", "t", 8, "a", 1.0), question="Q " + PAYLOAD, response="R " + PAYLOAD, answer="A & <b>",
+               trace="traces/m.jsonl")
+    _write_run(run, [row], "r")
+    (run / "traces").mkdir()
+    turns = [{"sample_id": "a", "turn": 0, "kind": "update", "chunk_index": 0, "memory": "M " + PAYLOAD,
+              "chunk_chars": [0, 8]}, {"sample_id": "a", "turn": 1, "kind": "final", "memory": "M " + PAYLOAD}]
+    (run / "traces" / "m.jsonl").write_text("".join(json.dumps(t) + "\n" for t in turns))
+    write_report([run], plot=False)
+    page = (run / "report.html").read_text()
+    assert page.count("</script") == 2 and page.count("<script") == 2 and "<!--" not in page
+    head, rest = page.split('<script id="report-data" type="application/json">')
+    data, tail = rest.split("</script>", 1)
+    assert tail.startswith("\n<script>") and tail.count("</script>") == 1  # the page's own two elements, in order
+    assert not {"<", ">", "&"} & set(data) and "\\u003c/script\\u003e" in data
+    (s,) = json.loads(data)["samples"]
+    assert (s["question"], s["response"], s["answer"]) == ("Q " + PAYLOAD, "R " + PAYLOAD, "A & <b>")
+    assert "".join(text for op, text in s["timeline"][0]["diff"] if op != "-") == "M " + PAYLOAD
+
+
+def test_out_may_not_be_another_runs_folder(tmp_path):
+    _write_run(tmp_path / "r1", [_row("m", "t", 8, "a", 1.0)], "r1")
+    _write_run(tmp_path / "r2", [_row("m", "t", 8, "a", 0.0)], "r2")
+    with pytest.raises(DataError) as e:
+        write_report([tmp_path / "r1"], tmp_path / "r2", plot=False)
+    assert str(e.value) == (f"--out {str(tmp_path / 'r2')!r} is another eval run's folder (it holds results.jsonl), "
+                            "not one of the runs reported: the report would replace that run's summary.csv, summary.md, "
+                            "accuracy.png and report.html; give a folder that holds no run (or leave --out out to write "
+                            "into the run reported)")
+    (tmp_path / "r3").mkdir()
+    (tmp_path / "r3" / "manifest.json").write_text("{}")  # a run that has not written a row yet
+    with pytest.raises(DataError, match=r"r3' is another eval run's folder \(it holds manifest.json\)"):
+        write_report([tmp_path / "r1", tmp_path / "r2"], tmp_path / "r3", plot=False)
+    assert not any((tmp_path / d / "summary.md").exists() for d in ("r2", "r3"))
+    write_report([tmp_path / "r1"], tmp_path / "r1" / ".." / "r1", plot=False)  # the run's own folder: allowed
+    assert (tmp_path / "r1" / "summary.md").is_file()
+
+
+def test_no_plot_removes_an_earlier_plot(tmp_path, capsys):
+    _write_run(tmp_path / "r", [_row("m", "t", 8, "a", 1.0)], "r")
+    write_report([tmp_path / "r"])
+    assert (tmp_path / "r" / "accuracy.png").is_file() and capsys.readouterr().err == ""
+    files = write_report([tmp_path / "r"], plot=False)
+    assert [f.name for f in files] == ["summary.csv", "summary.md", "report.html"]
+    assert not (tmp_path / "r" / "accuracy.png").exists()
+    assert capsys.readouterr().err == (f"removed {tmp_path / 'r' / 'accuracy.png'}: an earlier report's plot, stale beside "
+                                       "this summary (--no-plot draws none)\n")
+    write_report([tmp_path / "r"], plot=False)  # nothing to remove: nothing said
+    assert capsys.readouterr().err == ""

@@ -142,9 +142,13 @@ def report_command(
     runs: list[Path] = typer.Argument(..., help="run folders (each with results.jsonl)"),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="output folder (default: the run folder itself; required when comparing several runs)"),
     no_plot: bool = typer.Option(False, "--no-plot", help="tables only"),
-    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="the runs' tokenizer spec (e.g. smollm2, bytes): "
-                                            "tells where center truncation cut the direct prompts, for the evidence-in-view "
-                                            "diagnostics (without it those are n/a)"),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="the runs' tokenizer spec (e.g. smollm2, bytes), to "
+                                            "recompute which part of each document a prompt kept: needed for every direct "
+                                            "row, and for memory-agent rows of a method with max_context_tokens that have no "
+                                            "trace or one without context_chars. Default: the one each run's manifest records, when loadable "
+                                            "(the grid's tokenizer: setting, bytes, or a SmolLM2-135M-Instruct GGUF file "
+                                            "name); without one those rows' read % is n/a and they count as not measured. "
+                                            "One other than the manifest records is warned about"),
 ):
     """Tables (Markdown, CSV), an accuracy-vs-length plot and report.html (memory diagnostics, per-sample memory
     timelines) from result files only."""
@@ -153,9 +157,17 @@ def report_command(
     try:
         tok = None
         if tokenizer is not None:
+            from memagent.eval.run_diagnostics import tokenizer_mismatch
+            from memagent.runfiles import read_manifest
             from memagent.tokenization import load_tokenizer
 
             tok = load_tokenizer(tokenizer)
+            for run in runs:
+                recorded = tokenizer_mismatch(read_manifest(run / "manifest.json"), tokenizer, tok)
+                if recorded is not None:
+                    typer.secho(f"warning: --tokenizer {tokenizer} ({tok.name}) is not the tokenizer {run} recorded "
+                                f"({recorded}); its evidence numbers (read %, outcomes) are computed with --tokenizer's "
+                                "and may differ from the run's own", fg="yellow", err=True)
         for p in write_report(runs, out, plot=not no_plot, tokenizer=tok):
             typer.echo(str(p))
     except MemagentError as e:

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from memagent.eval.diagnostics import OUTCOMES, CellDiagnostics, SampleDiagnosis, TargetStatus, format_split
+from memagent.eval.metrics import length_with_unit
 
 #: Readable names of the outcome classes.
 OUTCOME_LABELS = {
@@ -61,11 +62,13 @@ def diagnostics_cells(cell: CellDiagnostics | None) -> list[str]:
 
 
 def diagnostics_markdown(rows: Sequence[tuple[str, Any, CellDiagnostics | None]]) -> str:
-    """A Markdown table, one line per ``(series label, CellSummary, CellDiagnostics)``."""
+    """A Markdown table, one line per ``(series label, CellSummary, CellDiagnostics)``; lengths with their unit
+    (``2K tok``, ``50 docs``)."""
     heads = ["method", "task", "length", "n", "score %"] + [h for h, _, _ in DIAG_COLUMNS]
     lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     for label, c, d in rows:
-        lines.append("| " + " | ".join([label, c.task, str(c.length), str(c.n), f"{100 * c.mean:.1f}"] + diagnostics_cells(d)) + " |")
+        lines.append("| " + " | ".join([label, c.task, length_with_unit(c.length, c.length_unit), str(c.n), f"{100 * c.mean:.1f}"]
+                                         + diagnostics_cells(d)) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -131,11 +134,12 @@ def _esc(x: Any) -> str:
 
 def _diag_table(cells: Sequence[tuple[str, Any, CellDiagnostics | None]]) -> str:
     """The diagnostics table; each non-zero outcome count links to the sample list filtered to that cell and
-    class (``#outcome=...&cell=...``)."""
+    class (``#outcome=...&cell=...``); lengths with their unit (``2K tok``, ``50 docs``)."""
     heads = ["method", "task", "length", "n", "score %"] + [h for h, _, _ in DIAG_COLUMNS]
     body = []
     for lab, c, d in cells:
-        tds = [_esc(x) for x in (lab, c.task, c.length, c.n, f"{100 * c.mean:.1f} ± {100 * c.stderr:.1f}")]
+        tds = [_esc(x) for x in (lab, c.task, length_with_unit(c.length, c.length_unit), c.n,
+                                 f"{100 * c.mean:.1f} ± {100 * c.stderr:.1f}")]
         cell_key = f"{lab}|{c.task}|{c.length}"
         for (_, key, kind), text in zip(DIAG_COLUMNS, diagnostics_cells(d)):
             if kind == "count" and text not in ("0", "n/a"):
@@ -154,6 +158,15 @@ def _url(text: str) -> str:
     return quote(text, safe="")
 
 
+def embedded_json(value: Any) -> str:
+    """``value`` as JSON text safe inside a ``<script>`` element: every ``<``, ``>`` and ``&`` is written as its
+    ``\\u003c``, ``\\u003e``, ``\\u0026`` escape (they occur only inside JSON strings), so no document text (``</script>``,
+    ``<!--``, ``<script``) can end the element early or change how the HTML parser reads it; ``json.loads`` (or
+    ``JSON.parse``) of the text gives ``value`` back."""
+    data = json.dumps(value, ensure_ascii=False)
+    return data.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
+
+
 def render_page(title: str, provenance: Sequence[str], png: bytes | None,
                 cells: Sequence[tuple[str, Any, CellDiagnostics | None]], samples: Sequence[Mapping[str, Any]]) -> str:
     """The whole page as one string (see the module docstring).
@@ -167,8 +180,7 @@ def render_page(title: str, provenance: Sequence[str], png: bytes | None,
     """
     plot = (f"<img alt='accuracy against length' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
             if png else "<p>(no plot)</p>")
-    data = json.dumps({"samples": list(samples), "labels": OUTCOME_LABELS, "order": list(OUTCOMES)}, ensure_ascii=False)
-    data = data.replace("</", "<\\/")  # never close the script element early
+    data = embedded_json({"samples": list(samples), "labels": OUTCOME_LABELS, "order": list(OUTCOMES)})
     prov = "".join(f"<li>{_esc(p)}</li>" for p in provenance)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{_esc(title)}</title>

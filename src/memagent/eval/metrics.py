@@ -43,6 +43,8 @@ class CellSummary:
     means: dict[str, float] = field(default_factory=dict)
     mean_context_tokens: float | None = None
     mean_seconds: float = 0.0
+    #: samples per cell the run's grid asked for (its manifest's ``samples``); ``None`` when not recorded.
+    n_asked: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -57,22 +59,34 @@ def _stderr(xs: list[float]) -> float:
     return math.sqrt(var / n)
 
 
-def summarize(rows: Iterable[dict[str, Any]]) -> list[CellSummary]:
+def summarize(rows: Iterable[dict[str, Any]], where: str = "") -> list[CellSummary]:
     """One summary per (method, task, length), sorted by task, length, method.
 
+    Args:
+        rows: result rows (:func:`read_results`: each row's fields and scores already checked).
+        where: the results file, named in errors.
+
     Raises:
-        DataError: a cell mixes rows scored with different metrics or length units (rows of two different
-            settings written into one results file); its mean would mean nothing.
+        DataError: a cell mixes rows scored with different metrics or length units, or rows made with different
+            method settings (two ``method_hash`` values, a row without one counting as its own); rows of two
+            settings written into one results file, whose mean would mean nothing.
     """
     cells: dict[tuple[str, str, int], list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         cells[(r["method"], r["task"], int(r["length"]))].append(r)
+    at = f"{where}: " if where else ""
     out = []
     for (method, task, length), rs in cells.items():
         kinds = {(r.get("metric", ""), tuple(r["scores"]), r.get("length_unit", "tokens")) for r in rs}
         if len(kinds) > 1:
-            raise DataError(f"cell ({method}, {task}, {length}) mixes rows of different settings (metric, scores, "
+            raise DataError(f"{at}cell ({method}, {task}, {length}) mixes rows of different settings (metric, scores, "
                             f"length unit: {sorted(kinds)}); keep one setting's rows in that results file")
+        hashes = sorted({str(r.get("method_hash") or "") for r in rs})
+        if len(hashes) > 1:
+            shown = ", ".join(repr(h) if h else "none" for h in hashes)
+            raise DataError(f"{at}cell ({method}, {task}, {length}) mixes rows made with different method settings "
+                            f"(method_hash {shown}): its mean would average two settings; keep one setting's rows in "
+                            "that results file (rerun the other setting under another method name or --output)")
         scores = [float(r["score"]) if r["status"] == "ok" else 0.0 for r in rs]
         ok = [r for r in rs if r["status"] == "ok"]
         names = list(rs[0].get("scores", {}))
@@ -97,3 +111,16 @@ def summarize(rows: Iterable[dict[str, Any]]) -> list[CellSummary]:
             )
         )
     return sorted(out, key=lambda c: (c.task, c.length, c.method))
+
+
+def length_label(length: int, unit: str) -> str:
+    """``50 docs``; a token length as ``2K`` (a multiple of 1024) or ``189``, its unit left to the caller
+    (:func:`length_with_unit`, a column header, an axis label)."""
+    if unit == "docs":
+        return f"{length} docs"
+    return f"{length // 1024}K" if length % 1024 == 0 and length >= 1024 else str(length)
+
+
+def length_with_unit(length: int, unit: str) -> str:
+    """A length with its unit: ``50 docs``, ``2K tok``, ``189 tok``."""
+    return length_label(length, unit) if unit == "docs" else f"{length_label(length, unit)} tok"

@@ -5,10 +5,11 @@ never a model, so reports can be redone at any time. With several runs, methods 
 ``<run name>/<method>`` and compared in one table. Scores are shown in percent.
 
 Outputs in ``out_dir``: ``summary.csv`` (one row per run/method/task/length with every count and metric),
-``summary.md`` (per task: lengths down, methods across, ``mean ± stderr`` plus error/empty counts),
-``accuracy.png`` (one panel per task: accuracy against length on a log axis, one line per method, in the
-manner of the paper's Figure 1) and ``report.html`` (self-contained: the plot, the diagnostics table and a
-per-sample memory timeline, :mod:`memagent.eval.html`). Every table carries the memory diagnostics of
+``summary.md`` (per task: lengths down, with their unit, methods across, ``mean ± stderr`` plus error/empty
+counts, and the ``n`` of a cell with fewer samples than its grid asked for), ``accuracy.png`` (one panel per
+task and length unit: accuracy against length on a log axis, one line per method, in the manner of the paper's
+Figure 1) and ``report.html`` (self-contained: the plot, the diagnostics table and a per-sample memory timeline,
+:mod:`memagent.eval.html`). Every table carries the memory diagnostics of
 :mod:`memagent.eval.diagnostics` (capture, retention, outcome classes, memory health), read from the runs'
 traces and data; a number that cannot be measured (no trace, say) is empty in the CSV and ``n/a`` elsewhere.
 """
@@ -21,7 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from memagent.errors import DataError
-from memagent.eval.metrics import CellSummary, read_results, summarize
+from memagent.eval.metrics import CellSummary, length_label as _length_label, length_with_unit, read_results, summarize  # noqa: F401 - length_with_unit re-exported
 from memagent.eval.runner import read_manifest
 
 
@@ -38,22 +39,41 @@ def _warn_torn(path: Path) -> Callable[[int], None]:
 
 
 def load_runs(run_dirs: Sequence[str | os.PathLike]) -> list[tuple[str, list[CellSummary], dict]]:
-    """``(label, summaries, manifest)`` per run folder (label: the manifest's name, else the folder name).
+    """``(label, summaries, manifest)`` per run folder (label: the manifest's name, else the folder name); each
+    summary's ``n_asked`` is the samples per cell the manifest's grid asked for its task (:func:`asked_samples`).
 
     Raises:
-        DataError: a folder has no ``results.jsonl``, or an unreadable row or manifest.
+        DataError: a folder has no ``results.jsonl``, an unreadable row or manifest, a score that is not a fraction
+            in [0, 1], or a cell that mixes rows of different settings (:func:`memagent.eval.metrics.summarize`).
     """
+    from dataclasses import replace
+
     runs = []
     for d in run_dirs:
         p = Path(d)
         manifest = read_manifest(p / "manifest.json")
         rows = read_results(p / "results.jsonl", on_torn=_warn_torn(p / "results.jsonl"))
-        runs.append((manifest.get("name") or p.name, summarize(rows), manifest))
+        asked = asked_samples(manifest)
+        cells = [replace(c, n_asked=asked.get(c.task)) for c in summarize(rows, str(p / "results.jsonl"))]
+        runs.append((manifest.get("name") or p.name, cells, manifest))
     labels = [r[0] for r in runs]
     if len(set(labels)) != len(labels):  # two runs with one name: the shortest distinct folder path endings
         labels = _distinct_labels([Path(d).resolve() for d in run_dirs])
         runs = [(label, s, m) for label, (_, s, m) in zip(labels, runs)]
     return runs
+
+
+def asked_samples(manifest: dict) -> dict[str, int]:
+    """Task -> the samples per cell its grid asked for: the manifest's ``task_settings`` (the largest count any
+    run into the folder asked for), else its config's tasks; tasks that record none are left out."""
+    out: dict[str, int] = {}
+    for t in (manifest.get("config") or {}).get("tasks") or []:
+        if isinstance(t, dict) and isinstance(t.get("samples"), int) and isinstance(t.get("name"), str):
+            out[t["name"]] = t["samples"]
+    for name, t in (manifest.get("task_settings") or {}).items():
+        if isinstance(t, dict) and isinstance(t.get("samples"), int):
+            out[name] = t["samples"]
+    return out
 
 
 def _distinct_labels(paths: list[Path]) -> list[str]:
@@ -75,10 +95,10 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}"
 
 
-def _length_label(length: int, unit: str) -> str:
-    if unit == "docs":
-        return f"{length} docs"
-    return f"{length // 1024}K" if length % 1024 == 0 and length >= 1024 else str(length)
+def _short(c: CellSummary, full: int) -> bool:
+    """Whether a cell has fewer samples than its grid asked for, or than the fullest cell of its task (a cell
+    still running, a grid resumed in pieces): its ``n`` is shown beside it."""
+    return c.n < max(full, c.n_asked or 0)
 
 
 def write_csv(path: Path, series: list[tuple[str, CellSummary]], diagnostics=None) -> None:
@@ -103,7 +123,10 @@ def write_csv(path: Path, series: list[tuple[str, CellSummary]], diagnostics=Non
 def markdown_table(series: list[tuple[str, CellSummary]]) -> str:
     """Per task: a table with lengths as rows and methods as columns; cells ``mean ± stderr`` in percent,
     followed by ``(n, errors, empty)`` when any error or empty answer occurred, or by ``(n)`` when the cell
-    has fewer samples than the task's fullest cell (a partial or resumed grid)."""
+    has fewer samples than its grid asked for (``n_asked``) or than the task's fullest cell (a partial or resumed
+    grid); the table's heading says what the mark means. Lengths carry their unit: the column header says
+    ``length (tokens)`` when every row counts tokens; in a table that mixes units each row names its own
+    (``2K tok``, ``10 docs (~1.4K tok)``)."""
     out = []
     for task in sorted({c.task for _, c in series}):
         cells = [(lab, c) for lab, c in series if c.task == task]
@@ -112,14 +135,21 @@ def markdown_table(series: list[tuple[str, CellSummary]]) -> str:
         metric_of = {lab: c.metric for lab, c in cells}
         ns = {c.n for _, c in cells}
         full = max(ns)
-        count = f"n per cell = {full}" if len(ns) == 1 else f"n per cell up to {full}; smaller cells give their n"
+        asked = max((c.n_asked or 0 for _, c in cells), default=0)
+        if not any(_short(c, full) for _, c in cells):
+            count = f"n per cell = {full}"
+        else:
+            count = (f"n per cell = {full}" if len(ns) == 1 else f"n per cell up to {full}") + \
+                (f" of {asked} asked" if asked > full else "") + "; (n=…) marks a cell with fewer samples than " + \
+                ("its grid asked for or than the fullest cell" if asked else "the fullest cell")
         if len(set(metric_of.values())) == 1:
             out.append(f"### {task} ({cells[0][1].metric}, %; {count})\n")
             heads = methods
         else:  # runs that score this task differently: each column names its metric
             out.append(f"### {task} (%, metric per column; {count})\n")
             heads = [f"{m} [{metric_of[m]}]" for m in methods]
-        out.append("| length | " + " | ".join(heads) + " |")
+        tokens_only = all(unit != "docs" for _, unit in lengths)
+        out.append(f"| length{' (tokens)' if tokens_only else ''} | " + " | ".join(heads) + " |")
         out.append("|---|" + "---|" * len(methods))
         index = {(lab, c.length, c.length_unit): c for lab, c in cells}
         for length, unit in lengths:
@@ -132,20 +162,22 @@ def markdown_table(series: list[tuple[str, CellSummary]]) -> str:
                 txt = f"{_pct(c.mean)} ± {_pct(c.stderr)}"
                 if c.n_error or c.n_empty:
                     txt += f" (n={c.n}, err={c.n_error}, empty={c.n_empty})"
-                elif c.n != full:  # a cell still running, or a grid resumed in pieces
+                elif _short(c, full):  # a cell still running, or a grid resumed in pieces
                     txt += f" (n={c.n})"
                 row.append(txt)
             ctx = next((c.mean_context_tokens for lab, c in cells
                         if c.length == length and c.length_unit == unit and c.mean_context_tokens), None)
-            label = _length_label(length, unit) + (f" (~{ctx / 1000:.1f}K tok)" if unit == "docs" and ctx else "")
+            label = (_length_label(length, unit) if tokens_only else length_with_unit(length, unit)) + \
+                (f" (~{ctx / 1000:.1f}K tok)" if unit == "docs" and ctx else "")
             out.append(f"| {label} | " + " | ".join(row) + " |")
         out.append("")
     return "\n".join(out)
 
 
 def plot_accuracy(path: Path, series: list[tuple[str, CellSummary]]) -> None:
-    """One panel per task: mean score (%) against length (log x axis), one line per method, stderr bars; a cell
-    with fewer samples than the task's fullest cell is labelled with its ``n`` (see :func:`accuracy_figure`)."""
+    """One panel per task and length unit: mean score (%) against length (log x axis), one line per method, stderr
+    bars; a cell with fewer samples than its grid asked for or than the panel's fullest cell is labelled with its
+    ``n`` (see :func:`accuracy_figure`)."""
     import matplotlib.pyplot as plt
 
     fig = accuracy_figure(series)
@@ -154,17 +186,20 @@ def plot_accuracy(path: Path, series: list[tuple[str, CellSummary]]) -> None:
 
 
 def accuracy_figure(series: list[tuple[str, CellSummary]]):
-    """The matplotlib figure of :func:`plot_accuracy` (one axes per task, sorted by task name)."""
+    """The matplotlib figure of :func:`plot_accuracy`: one axes per (task, length unit), sorted by task name then
+    unit (``docs`` before ``tokens``), each x axis labelled with its unit; a task whose runs count lengths in two
+    units (documents and tokens) gets two panels, titled ``task (docs)`` and ``task (tokens)``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    tasks = sorted({c.task for _, c in series})
+    panels = sorted({(c.task, c.length_unit) for _, c in series})
+    mixed = {t for t, _ in panels if sum(t == x for x, _ in panels) > 1}
     style = {lab: k for k, lab in enumerate(dict.fromkeys(lab for lab, _ in series))}  # one look per method, every panel
-    fig, axes = plt.subplots(1, len(tasks), figsize=(4.8 * len(tasks), 3.8), squeeze=False)
-    for ax, task in zip(axes[0], tasks):
-        cells = [(lab, c) for lab, c in series if c.task == task]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.8 * len(panels), 3.8), squeeze=False)
+    for ax, (task, unit) in zip(axes[0], panels):
+        cells = [(lab, c) for lab, c in series if c.task == task and c.length_unit == unit]
         labels = list(dict.fromkeys(lab for lab, _ in cells))
         full = max(c.n for _, c in cells)
         metric_of = {lab: c.metric for lab, c in cells}
@@ -177,11 +212,11 @@ def accuracy_figure(series: list[tuple[str, CellSummary]]):
             ys = [100 * p[1] for p in pts]
             ax.errorbar(xs, ys, yerr=[100 * p[2] for p in pts], capsize=3, label=lab if one_metric else f"{lab} [{metric_of[lab]}]",
                         color=f"C{k % 10}", marker="osD^v<>"[k % 7], linestyle=["-", "--", ":", "-."][k % 4])
+            short = {c.length for m, c in cells if m == lab and _short(c, full)}
             for x, y, p in zip(xs, ys, pts):
-                if p[3] != full:  # a partial cell: its n, so a reader does not take it for a full one
+                if p[0] in short:  # a partial cell: its n, so a reader does not take it for a full one
                     ax.annotate(f"n={p[3]}", (x, y), textcoords="offset points", xytext=(6, 4), fontsize=7,
                                 color=f"C{k % 10}")
-        unit = cells[0][1].length_unit
         ax.set_xscale("log", base=2)
         xs_all = sorted({c.length for _, c in cells})
         ax.set_xticks(xs_all)
@@ -191,7 +226,7 @@ def accuracy_figure(series: list[tuple[str, CellSummary]]):
         ax.set_xlabel("documents" if unit == "docs" else "context length (tokens)")
         ax.set_ylabel(f"{cells[0][1].metric} (%)" if one_metric else "score (%, metric per line)")
         ax.set_ylim(-2, 102)
-        ax.set_title(task)
+        ax.set_title(f"{task} ({unit})" if task in mixed else task)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -205,8 +240,10 @@ def write_report(run_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLi
     Args:
         run_dirs: run folders (each with ``results.jsonl``).
         out_dir: where to write (default: the run folder when there is one; required for several, so that a
-            comparison never replaces a run's own summary).
-        plot: also draw the PNG (and put it in the HTML page).
+            comparison never replaces a run's own summary). A folder that holds another eval run (its
+            ``results.jsonl`` or ``manifest.json``) is refused unless it is the one run reported.
+        plot: also draw the PNG (and put it in the HTML page); without it an ``accuracy.png`` already in the output
+            folder (an earlier report's) is removed, with a note on stderr, so no stale plot sits beside the tables.
         tokenizer: the runs' tokenizer, to tell where center truncation cut documents that the rows and traces
             do not record (direct rows; older traces); without it those rows' evidence view is not measured.
         html: also write ``report.html``.
@@ -215,8 +252,9 @@ def write_report(run_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLi
         The files written.
 
     Raises:
-        DataError: no run folders, or a folder without results, or several runs without ``out_dir`` or with one of
-            them as ``out_dir``, or an output folder that cannot be written.
+        DataError: no run folders, or a folder without results or with rows :func:`load_runs` refuses (a score
+            outside [0, 1], a cell mixing settings), or several runs without ``out_dir`` or with one of them as
+            ``out_dir``, an ``out_dir`` that holds another run, or an output folder that cannot be written.
     """
     if not run_dirs:
         raise DataError("give at least one run folder")
@@ -228,6 +266,8 @@ def write_report(run_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLi
         if same:
             raise DataError(f"--out {str(out_dir)!r} is one of the compared runs ({same[0]}): the comparison would "
                             "replace that run's own summary; give another folder")
+    if out_dir is not None:
+        _refuse_other_run(Path(out_dir), run_dirs)
     runs = load_runs(run_dirs)
     series = _series(runs)
     if not series:
@@ -242,6 +282,22 @@ def write_report(run_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLi
         return _write(out, runs, series, plot, run_dirs, tokenizer, html)
     except OSError as e:
         raise DataError(f"cannot write the report into {str(out)!r} ({e.strerror or e}); give a writable folder with --out") from None
+
+
+def _refuse_other_run(out: Path, run_dirs: Sequence[str | os.PathLike]) -> None:
+    """Refuse an output folder that is another eval run's folder (the report would replace its own summary).
+
+    Raises:
+        DataError: naming the folder and the run file found in it.
+    """
+    if any(Path(d).resolve() == out.resolve() for d in run_dirs):
+        return
+    found = [name for name in ("results.jsonl", "manifest.json") if (out / name).is_file()]
+    if found:
+        raise DataError(f"--out {str(out)!r} is another eval run's folder (it holds {found[0]}), not one of the runs "
+                        "reported: the report would replace that run's summary.csv, summary.md, accuracy.png and "
+                        "report.html; give a folder that holds no run (or leave --out out to write into the run "
+                        "reported)")
 
 
 def _write(out: Path, runs, series, plot: bool, run_dirs, tokenizer=None, html: bool = True) -> list[Path]:
@@ -266,6 +322,12 @@ def _write(out: Path, runs, series, plot: bool, run_dirs, tokenizer=None, html: 
     if plot:
         written.append(out / "accuracy.png")
         plot_accuracy(written[-1], series)
+    elif (out / "accuracy.png").is_file():  # an earlier report's plot would no longer match these tables
+        import sys
+
+        (out / "accuracy.png").unlink()
+        sys.stderr.write(f"removed {out / 'accuracy.png'}: an earlier report's plot, stale beside this summary "
+                         "(--no-plot draws none)\n")
     if html:
         written.append(out / "report.html")
         png = (out / "accuracy.png").read_bytes() if plot else None

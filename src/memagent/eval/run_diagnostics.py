@@ -79,7 +79,8 @@ class _Views:
     """Kept character ranges of a context under center truncation, recomputed with a tokenizer (cached).
 
     Without a tokenizer given, the run's own is loaded on first need when its manifest names a loadable spec
-    (the grid's ``tokenizer:`` setting, or ``bytes``); else the view stays unknown.
+    (:func:`_tokenizer_spec`: the grid's ``tokenizer:`` setting, ``bytes``, or the embedded model's file name);
+    else the view stays unknown.
     """
 
     def __init__(self, tokenizer, manifest: Mapping[str, Any]):
@@ -113,10 +114,39 @@ class _Views:
 
 
 def _tokenizer_spec(manifest: Mapping[str, Any]) -> str | None:
+    """The spec that loads the tokenizer a run recorded: the grid's ``tokenizer:`` setting; else, from the
+    tokenizer's recorded name, ``bytes``, or ``smollm2`` for a name of the embedded model's vocabulary (its GGUF
+    file name, any quantization: :func:`memagent.embedded.is_smollm2_name`); else ``None`` (not loadable)."""
+    from memagent.embedded import is_smollm2_name
+
     spec = (manifest.get("config") or {}).get("tokenizer")
     if isinstance(spec, str) and spec:
         return spec
-    return "bytes" if manifest.get("tokenizer") == "bytes" else None
+    name = manifest.get("tokenizer")
+    if not isinstance(name, str):
+        return None
+    return "bytes" if name == "bytes" else "smollm2" if is_smollm2_name(name) else None
+
+
+def tokenizer_mismatch(manifest: Mapping[str, Any], spec: str, tokenizer) -> str | None:
+    """The tokenizer a run's manifest records, when ``--tokenizer spec`` (loaded as ``tokenizer``) is another one;
+    ``None`` when the manifest records none or the same one.
+
+    The same: ``spec`` is the grid's ``tokenizer:`` setting; or the loaded tokenizer's ``name`` (a GGUF's file name,
+    an HF folder's name, ``bytes``) is the recorded name; or both name the embedded model's vocabulary (``smollm2``
+    and a SmolLM2-135M-Instruct GGUF of any quantization, :func:`memagent.embedded.is_smollm2_name`).
+    """
+    from memagent.embedded import is_smollm2_name
+
+    setting = (manifest.get("config") or {}).get("tokenizer")
+    recorded = manifest.get("tokenizer")
+    if not isinstance(recorded, str) or not recorded:
+        return setting if isinstance(setting, str) and setting and setting != spec else None
+    if spec in (setting, recorded) or tokenizer.name == recorded:
+        return None
+    if is_smollm2_name(recorded) and (is_smollm2_name(spec) or is_smollm2_name(tokenizer.name)):
+        return None
+    return recorded
 
 
 def diagnose_rows(run_dir: str | os.PathLike, rows: Sequence[Mapping[str, Any]], manifest: Mapping[str, Any],
