@@ -42,13 +42,18 @@ class Sample:
         if not isinstance(self.id, str):  # ids become request ids, row keys and file names
             raise TypeError(f"Sample id must be a string, got {type(self.id).__name__} {self.id!r}; write "
                             f"id={str(self.id)!r}")
-        # found when built, not at the first chunking call deep in a run; a context read in pieces is told by its
-        # pieces() (memagent.chunking.TextSource's protocol: that module sits above this one)
-        for name, value in (("question", self.question), ("context", self.context)):
-            if not isinstance(value, str) and not (name == "context" and callable(getattr(value, "pieces", None))):
-                raise TypeError(f"Sample {self.id!r}: {name} must be a string, got {type(value).__name__} "
-                                f"{value!r:.60}; read a file's text first (Path(...).read_text()), or give "
-                                "MemoryAgent.answer the path")
+        # found when built, not at the first chunking call deep in a run
+        if not isinstance(self.question, str):
+            raise TypeError(f"Sample {self.id!r}: question must be a string, got {type(self.question).__name__} "
+                            f"{self.question!r:.60}")
+        c = self.context
+        if not isinstance(c, str) and not (callable(getattr(c, "pieces", None)) and hasattr(c, "name")):
+            # a context read in pieces is told by memagent.chunking.TextSource's protocol (pieces() and a name;
+            # that module sits above this one)
+            missing = " (it has pieces() but no name, which a TextSource needs too)" if callable(getattr(c, "pieces", None)) else ""
+            raise TypeError(f"Sample {self.id!r}: context must be a string or a TextSource, got {type(c).__name__} "
+                            f"{c!r:.60}{missing}; read a file's text first (Path(...).read_text()), or give "
+                            "MemoryAgent.answer the path")
         # a bare string would otherwise be taken for a sequence of one-character answers
         if isinstance(self.answers, str):
             raise TypeError(f"Sample {self.id!r}: answers must be a tuple of strings, got the string "

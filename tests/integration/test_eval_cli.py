@@ -75,6 +75,20 @@ def test_eval_config_file_and_errors(tmp_path):
     assert r.exit_code == 2 and "hotpotqa counts documents and the other tasks count tokens" in r.output
     r = CliRunner().invoke(_app(), ["eval", "--tasks", "hotpotqa", "--lengths", "8K", "--backend", "scripted"])
     assert r.exit_code == 2 and "--lengths: '8K': a number of documents takes no K/M suffix" in r.output
+    # a flag that only the method kind left out of --methods would use is warned about (not refused: the same
+    # command line with fewer --methods continues a grid in pieces)
+    for k, (flags, message) in enumerate([
+            (["--methods", "direct", "--chunk-tokens", "100", "--templates", "chunk_first"],
+             "warning: --chunk-tokens, --templates apply to --methods memagent only, which this run does not include, "
+             "so they are not used"),
+            (["--methods", "memagent", "--max-new-tokens", "32"],
+             "warning: --max-new-tokens applies to --methods direct only, which this run does not include, so it is not used")]):
+        r = CliRunner().invoke(_app(), ["eval", "--tasks", "vt", "--lengths", "4K", "-n", "1", "--backend", "scripted",
+                                        "--tokenizer", "bytes", "--no-report", *flags, "-o", str(tmp_path / f"kinds{k}")])
+        assert r.exit_code == 0 and message in " ".join(r.output.split()), r.output
+    r = CliRunner().invoke(_app(), ["eval", "--tasks", "vt", "--lengths", "4K", "-n", "1", "--backend", "scripted",
+                                    "--tokenizer", "bytes", "--no-report", "--chunk-tokens", "300", "-o", str(tmp_path / "kinds2")])
+    assert r.exit_code == 0 and "warning" not in r.output, r.output  # both methods: every flag is used
     (tmp_path / "torn").mkdir()
     for text, message in [('{"method": "m", "task": "vt"}\n', "results.jsonl:1: malformed result row (no 'length' field)"),
                           ('[1, 2]\n', "results.jsonl:1: malformed result row (expected a JSON object, got list)")]:
@@ -128,7 +142,7 @@ def test_eval_exits_1_when_a_sample_failed(tmp_path):
 
 
 def test_only_without_cells_and_report_into_a_file_are_refused(tmp_path):
-    r = CliRunner().invoke(_app(), ["eval", "--tasks", "vt", "--lengths", "1K", "-n", "1", "--backend", "scripted",
+    r = CliRunner().invoke(_app(), ["eval", "--tasks", "vt", "--lengths", "4K", "-n", "1", "--backend", "scripted",
                                     "-o", str(tmp_path / "run"), "--only", ","])
     assert r.exit_code == 2 and "name at least one cell" in r.output
     (tmp_path / "file").write_text("x")

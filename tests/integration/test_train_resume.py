@@ -243,7 +243,17 @@ def test_a_run_stopped_in_its_first_step_leaves_no_config_json(tmp_path, monkeyp
     monkeypatch.setattr(t, "train_step", boom)
     with pytest.raises(KeyboardInterrupt):
         t.fit()
-    assert not (tmp_path / "out" / "config.json").exists()
+    assert not (tmp_path / "out").exists()  # the folder it made, empty again, is removed too
+    (tmp_path / "kept").mkdir()  # an earlier attempt's config.json (killed before its first metrics) is restored
+    from memagent.train.config import TrainConfig, config_to_dict
+
+    earlier = json.dumps(config_to_dict(TrainConfig()), indent=1)
+    (tmp_path / "kept" / "config.json").write_text(earlier)
+    t = Trainer(_cfg(tmp_path / "kept"), train_samples=TRAIN, val_samples=VAL, reward_fn=parity_reward)
+    monkeypatch.setattr(t, "train_step", boom)
+    with pytest.raises(KeyboardInterrupt):
+        t.fit()
+    assert (tmp_path / "kept" / "config.json").read_text() == earlier  # not this run's (lr 1e-2, 2 steps)
     done = _run(tmp_path / "done", "run.stop_after_step=1")
     again = Trainer(_cfg(tmp_path / "done"), train_samples=TRAIN, val_samples=VAL, reward_fn=parity_reward)
     assert again.step == 1

@@ -197,11 +197,18 @@ def test_config_validation():
         MemoryAgent(b, {"chunk_tokens": 10})
     with pytest.raises(TypeError, match="Sample id must be a string, got int 1; write id='1'"):
         Sample(1, "q?", "doc")
-    with pytest.raises(TypeError, match="Sample '1': question must be a string, got int 2"):
+    with pytest.raises(TypeError, match="Sample '1': question must be a string, got int 2$"):
         Sample("1", 2, "doc")  # refused when built, not at the first chunking call of a run
-    with pytest.raises(TypeError, match=r"Sample 's': context must be a string, got PosixPath PosixPath\('doc.txt'\); "
-                                        r"read a file's text first"):
+    with pytest.raises(TypeError, match=r"Sample 's': context must be a string or a TextSource, got PosixPath "
+                                        r"PosixPath\('doc.txt'\); read a file's text first"):
         Sample("s", "q?", Path("doc.txt"))
+
+    class Pieces:  # pieces() without the name a TextSource has too
+        def pieces(self):
+            yield "text"
+
+    with pytest.raises(TypeError, match=r"got Pieces .* \(it has pieces\(\) but no name, which a TextSource needs too\)"):
+        Sample("s", "q?", Pieces())
     with pytest.raises(ConfigError, match="cannot load tokenizer 'nope-tok'"):
         MemoryAgent(b, tokenizer="nope-tok")
     agent = MemoryAgent(b, tokenizer="bytes")  # a spec, as --tokenizer takes it

@@ -123,6 +123,10 @@ def test_cells_short_of_the_samples_the_grid_asked_for_give_their_n(tmp_path):
     (tmp_path / "r" / "manifest.json").write_text(json.dumps({"config": {"tasks": [{"name": "t", "samples": 5}]}}))
     [(_, cells, _)] = load_runs([tmp_path / "r"])
     assert [(c.task, c.n_asked) for c in cells] == [("t", 5), ("t", 5), ("u", None)]
+    for odd in ({"config": ["x"]}, {"config": {"tasks": "t"}}, {"task_settings": [1]}):  # hand-edited: no counts
+        (tmp_path / "r" / "manifest.json").write_text(json.dumps(odd))
+        [(_, cells, _)] = load_runs([tmp_path / "r"])
+        assert {c.n_asked for c in cells} == {None}
 
 
 def test_lengths_state_their_unit(tmp_path):

@@ -378,7 +378,17 @@ def test_grid_errors_and_shipped_configs(tmp_path):
         ({"methods": [{"name": "a/b"}], "tasks": [{"name": "vt", "lengths": [8]}]}, "method name 'a/b': it becomes part"),
         ({"methods": [{"name": ".hidden"}], "tasks": [{"name": "vt", "lengths": [8]}]}, "must not start with '.'"),
         ({"tasks": [{"name": "vt", "lengths": ["2,048"]}]},
-         r"tasks\[0\].lengths: '2,048' holds a comma inside one list item; write the length without separators \(2048\)"),
+         r"tasks\[0\].lengths: '2,048' holds a comma; give several lengths as a YAML list \(\[8K, 16K\]\) and write "
+         r"each without thousands separators \(16384, not 16,384\)$"),
+        ({"tasks": [{"name": "vt", "lengths": "16,384"}]}, r"tasks\[0\].lengths: '16,384' holds a comma"),  # not 16 and 384
+        ({"tasks": [{"name": "mine", "lengths": [2048], "files": {"2K": "a.jsonl", 2048: "b.jsonl"}}]},
+         r"tasks\[0\].files: the keys '2K' and 2048 name one length \(2048\), so one file would be left out"),
+        ({"tasks": [{"name": "mine", "lengths": [2048], "files": {"2,048": "a.jsonl"}}]},
+         r"tasks\[0\].files: the key '2,048' holds a comma"),
+        ({"methods": [{"name": "caf\u00e9"}, {"name": "cafe\u0301"}], "tasks": [{"name": "vt", "lengths": [8]}]},
+         r"method names must be unique .ignoring case., got 'caf\\xe9' and 'cafe\\u0301'"),  # one name on macOS
+        ({"methods": [{"name": "rl"}, {"name": "rl."}], "tasks": [{"name": "vt", "lengths": [8]}]},
+         r"got 'rl' and 'rl\.'"),  # one name on Windows
         # a setting of the other kind of method would be silently ignored
         ({"methods": [{"name": "d", "kind": "direct", "chunk_tokens": 1000}], "tasks": [{"name": "vt", "lengths": [8]}]},
          r"^g.yaml: methods\[0\]: method 'd' \(kind direct\): chunk_tokens applies to kind memory_agent only and "
@@ -591,6 +601,28 @@ def test_a_sample_file_changed_under_its_rows_is_refused_on_resume(tmp_path):
     assert len(read_results(EvalRunner(grown, backend=ScriptedBackend(responder=responder)).run())) == 8
 
 
+def test_a_refused_resume_leaves_the_folder_as_it_was(tmp_path):
+    """A resumed run refused before any row (a missing file, a changed sample) restores manifest.json, so putting
+    the mistake right resumes; a method or task named like one with rows up to case is refused."""
+    from memagent.errors import DataError
+
+    cfg = _config(tmp_path)
+    task = cfg.tasks[0]
+    EvalRunner(cfg, backend=ScriptedBackend(responder=responder)).run()
+    manifest = (tmp_path / "run" / "manifest.json").read_bytes()
+    missing = replace(cfg, tasks=(replace(task, lengths=(100, 200, 300), files={**task.files, 300: str(tmp_path / "no.jsonl")}),))
+    with pytest.raises(DataError, match="no.jsonl"):
+        EvalRunner(missing, backend=ScriptedBackend(responder=responder)).run()
+    assert (tmp_path / "run" / "manifest.json").read_bytes() == manifest
+    assert len(read_results(EvalRunner(cfg, backend=ScriptedBackend(responder=responder)).run())) == 16
+    renamed = replace(cfg, methods=(replace(cfg.methods[0], name="MemAgent"), cfg.methods[1]))
+    with pytest.raises(ConfigError, match=r"holds rows of a method named like this grid's: 'memagent' and 'MemAgent' "
+                                          r"would share one trace or data file on macOS or Windows; use the name 'memagent'"):
+        EvalRunner(renamed, backend=ScriptedBackend(responder=responder)).run()
+    with pytest.raises(ConfigError, match=r"rows of a task named like this grid's: 'toy' and 'Toy'"):
+        EvalRunner(replace(cfg, tasks=(replace(task, name="Toy"),)), backend=ScriptedBackend(responder=responder)).run()
+
+
 def test_a_data_seed_is_compared_as_the_data_was_built(tmp_path, data_root):
     """Stating a family's default seed (42 for RULER) resumes a run that left it unset; another seed is refused
     for the built task, naming the seeds the data was and would be built with."""
@@ -619,13 +651,22 @@ def test_task_left_out_of_a_resumed_run_keeps_its_settings(tmp_path, data_root):
     run(_ruler_config(tmp_path, ["niah_single_1"]))
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["task_settings"]["vt"] == {"unit": None, "files": {}, "metrics": [], "samples": 3,
-                                               "keep_incomplete": False}
+                                               "keep_incomplete": False, "data_seed": 42}
+    # a run of another task with another data seed does not change the seed vt's data was built with
+    run(replace(_ruler_config(tmp_path, ["niah_single_2"]), data_seed=0))
+    assert json.loads((tmp_path / "run" / "manifest.json").read_text())["task_settings"]["vt"]["data_seed"] == 42
+    built = (tmp_path / "run" / "data" / "vt_2048.jsonl").read_bytes()
+    with pytest.raises(ConfigError, match=r"task 'vt' data_seed 42 -> 0"):  # refused before vt's data is rebuilt
+        run(replace(_ruler_config(tmp_path, ["vt"], samples=4), data_seed=0))
+    assert (tmp_path / "run" / "data" / "vt_2048.jsonl").read_bytes() == built
+    run(_ruler_config(tmp_path, ["vt"], samples=3))  # its own grid still resumes
     with pytest.raises(ConfigError, match=r"task 'vt' metrics \[\] -> \['string_match_part'\]"):
         run(_ruler_config(tmp_path, ["vt"], samples=4, vt={"metrics": ["string_match_part"]}))
     with pytest.raises(ConfigError, match="task 'vt' samples 3 -> 2"):
         run(_ruler_config(tmp_path, ["vt"], samples=2))
     rows = read_results(tmp_path / "run" / "results.jsonl")
-    assert sorted((r["task"], r["metric"]) for r in rows) == [("niah_single_1", "string_match_all")] * 2 + [("vt", "string_match_all")] * 3
+    assert sorted((r["task"], r["metric"]) for r in rows) == [("niah_single_1", "string_match_all")] * 2 + \
+        [("niah_single_2", "string_match_all")] * 2 + [("vt", "string_match_all")] * 3
 
 
 def test_rows_scored_otherwise_are_refused_without_a_manifest(tmp_path, data_root):

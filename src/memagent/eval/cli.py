@@ -11,6 +11,9 @@ from memagent.configtypes import parse_ints
 from memagent.errors import MemagentError
 from memagent.options import agent_group, backend_group, with_settings
 
+#: ``--max-new-tokens``'s default (the direct baseline's answer cap).
+MAX_NEW_TOKENS_DEFAULT = 256
+
 #: eval's agent options: every agent setting (the memory agent's budgets; sampling and seed for the whole grid).
 EVAL_AGENT = agent_group()
 
@@ -45,6 +48,9 @@ def _flags_config(tasks: str, lengths: str | None, methods: str, samples: int, o
                                 "max_new_tokens": max_new_tokens, **shared})
         else:
             raise ConfigError(f"--methods: unknown method {m!r}; use memagent and/or direct (or a --config grid)")
+    unused = _flags_of_absent_kind({m["kind"] for m in method_list}, agent, max_input_tokens, max_new_tokens)
+    if unused:
+        typer.secho(unused, fg="yellow", err=True)
     backend_cfg = backend.settings()
     names = [t.strip() for t in tasks.split(",") if t.strip()]
     if "hotpotqa" in names and len(names) > 1:
@@ -66,6 +72,27 @@ def _flags_config(tasks: str, lengths: str | None, methods: str, samples: int, o
 CONFIG_COMPATIBLE_FLAGS = {"config", "output", "retry_errors", "no_report", "only", "only_methods"}
 
 
+
+def _flags_of_absent_kind(kinds: set[str], agent, max_input_tokens: int | None, max_new_tokens: int) -> str | None:
+    """A warning for flags that only a method kind the grid lacks would use (``--methods direct --chunk-tokens
+    100``), else None. Not an error: the same command line run with fewer ``--methods`` (a grid in pieces) is a
+    normal way to continue a run."""
+    from memagent.agent.config import AgentConfig
+    from memagent.eval.grid import AGENT_ONLY
+
+    unused = []
+    if "memory_agent" not in kinds:
+        unused += [f"--{k.replace('_', '-')}" for k in AGENT_ONLY if getattr(agent, k) != getattr(AgentConfig(), k)]
+    if "direct" not in kinds:
+        unused += (["--max-input-tokens"] if max_input_tokens is not None else []) + \
+            (["--max-new-tokens"] if max_new_tokens != MAX_NEW_TOKENS_DEFAULT else [])
+    if not unused:
+        return None
+    need = "memagent" if "memory_agent" not in kinds else "direct"
+    return (f"warning: {', '.join(unused)} {'applies' if len(unused) == 1 else 'apply'} to --methods {need} only, which "
+            f"this run does not include, so {'it is' if len(unused) == 1 else 'they are'} not used")
+
+
 @with_settings(EVAL_AGENT, backend_group())
 def eval_command(
     ctx: typer.Context,
@@ -76,7 +103,7 @@ def eval_command(
     methods: str = typer.Option("memagent,direct", "--methods", help="memagent and/or direct"),
     samples: int = typer.Option(16, "--samples", "-n", min=1, help="samples per (task, length)"),
     max_input_tokens: Optional[int] = typer.Option(None, "--max-input-tokens", min=1, help="direct: prompt cap (default: window - answer cap)"),
-    max_new_tokens: int = typer.Option(256, "--max-new-tokens", min=1, help="direct: answer cap"),
+    max_new_tokens: int = typer.Option(MAX_NEW_TOKENS_DEFAULT, "--max-new-tokens", min=1, help="direct: answer cap"),
     data_root: Optional[Path] = typer.Option(None, "--data-root", help="data folder (default: $MEMAGENT_DATA, else ../shared/data)"),
     retry_errors: bool = typer.Option(False, "--retry-errors", help="re-run samples whose earlier row is an error"),
     no_report: bool = typer.Option(False, "--no-report", help="skip writing summary.md/csv/png at the end"),

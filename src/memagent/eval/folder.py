@@ -103,11 +103,16 @@ class RunFolder:
         started = self._started_tasks(writer)
         merged = {k: v for k, v in self._old_task_settings().items() if k in started}
         for t in self.config.tasks:
-            new = task_settings(json.loads(json.dumps(asdict(t))))
+            new = self._task_record(t)
             if t.name in merged:
                 new["samples"] = max(new["samples"], merged[t.name].get("samples") or 0)
             merged[t.name] = new
         return merged
+
+    def _task_record(self, t) -> dict[str, Any]:
+        """A task's data settings as the manifest records them: :func:`task_settings` and the seed its data is
+        built with (:meth:`memagent.eval.grid.EvalConfig.data_seed_for`; ``None`` for ``files``)."""
+        return {**task_settings(json.loads(json.dumps(asdict(t)))), "data_seed": self.config.data_seed_for(t)}
 
     def check_resume(self, writer: ResultWriter | None = None) -> None:
         """Refuse to continue a run folder whose rows or built data came from other data settings.
@@ -136,9 +141,12 @@ class RunFolder:
         for t in self.config.tasks:
             if t.name not in started:
                 continue
-            new = task_settings(json.loads(json.dumps(asdict(t))))
+            new = self._task_record(t)
             o = old_tasks.get(t.name)
-            if "data_seed" in old_cfg:  # compared as built: data_seed 42 stated is RULER's default left unset
+            # the seed each task was built with is recorded per task (a manifest before that: the grid's, which a
+            # run of other tasks into the folder may have changed since), compared as built: data_seed 42 stated
+            # is RULER's default left unset
+            if (o is None or "data_seed" not in o) and "data_seed" in old_cfg:
                 was = dataclasses.replace(self.config, data_seed=old_cfg["data_seed"]).data_seed_for(t)
                 now = self.config.data_seed_for(t)
                 if was != now:

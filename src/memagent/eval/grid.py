@@ -272,11 +272,18 @@ class EvalConfig:
                 if not isinstance(t["files"], dict):
                     raise ConfigError(f"{at}.files: give a mapping {{length: path}}, e.g. {{8K: data/mine_8k.jsonl}}, "
                                       f"got {t['files']!r}")
-                files = {}
+                files, keys = {}, {}
                 for k, v in t["files"].items():
                     if not isinstance(v, str) or not v:
                         raise ConfigError(f"{at}.files: the file for length {k!r} must be a path, got {v!r}")
-                    files[_lengths(k, f"{at}.files", suffix=not docs)[0]] = _relative_to(v, base)
+                    if isinstance(k, str) and "," in k:
+                        raise ConfigError(f"{at}.files: the key {k!r} holds a comma; give one length per key, without "
+                                          f"thousands separators (e.g. {{2048: a.jsonl, 4K: b.jsonl}})")
+                    n = _lengths(k, f"{at}.files", suffix=not docs)[0]
+                    if n in files:
+                        raise ConfigError(f"{at}.files: the keys {keys[n]!r} and {k!r} name one length ({n}), so one "
+                                          "file would be left out; give each length once")
+                    files[n], keys[n] = _relative_to(v, base), k
                 t["files"] = files
             tasks.append(_build(TaskConfig, t, at))
         rest = {k: v for k, v in d.items() if k not in ("methods", "tasks")}
@@ -349,15 +356,33 @@ class EvalConfig:
         return settings_hash(parts)
 
 
+def name_key(name: str) -> str:
+    """What a method's or task's name is as a file name on any common file system: Unicode-normalized (NFC, as
+    macOS stores ``café`` either way), case-folded (macOS, Windows) and without trailing spaces or dots (which
+    Windows drops). Two names with one key would share a trace folder there."""
+    import unicodedata
+
+    return unicodedata.normalize("NFC", name).casefold().rstrip(" .")
+
+
+def same_name_text(first: str, second: str) -> str:
+    """``'a' twice``, ``'rl' and 'RL'``: two names with one :func:`name_key`, written with ``ascii()`` where plain
+    text would hide the difference (non-ASCII letters, trailing spaces or dots: ``'K' and '\\u212a'``)."""
+    if first == second:
+        return f"{first!r} twice"
+    plain = all(n.isascii() and n == n.rstrip(" .") for n in (first, second))
+    show = repr if plain else ascii
+    return f"{show(first)} and {show(second)}"
+
+
 def _repeated(names: list[str]) -> str | None:
-    """How the first two names equal up to case read (``["a", "b", "a"]`` -> ``"'a' twice"``, ``["a", "A"]`` ->
-    ``"'a' and 'A'"``), else None: names become file names, and case-insensitive file systems merge them."""
+    """How the first two names with one :func:`name_key` read (``["a", "b", "a"]`` -> ``"'a' twice"``,
+    ``["a", "A"]`` -> ``"'a' and 'A'"``), else None: names become file names, which such names would share."""
     seen: dict[str, str] = {}
     for n in names:
-        if n.casefold() in seen:
-            first = seen[n.casefold()]
-            return f"{n!r} twice" if first == n else f"{first!r} and {n!r}"
-        seen[n.casefold()] = n
+        if name_key(n) in seen:
+            return same_name_text(seen[name_key(n)], n)
+        seen[name_key(n)] = n
     return None
 
 
@@ -376,16 +401,15 @@ def _check_file_name(kind: str, name: Any) -> None:
 def _lengths(values: Any, where: str, suffix: bool = True) -> tuple[int, ...]:
     """``[8192, "16K"]`` -> ``(8192, 16384)``: whole numbers, or strings with a K/M suffix like the CLI's
     (``suffix=False``: numbers of documents, no suffix)."""
-    listed = isinstance(values, (list, tuple))
-    if not listed:
-        values = [values]  # "8K,16K" as one string: split as the command line does
+    if not isinstance(values, (list, tuple)):
+        values = [values]
     out: list[int] = []
     for x in values:
         if isinstance(x, bool) or not isinstance(x, (int, str)):
             raise ConfigError(f"{where}: {x!r} is not a length (use whole numbers like 8192 or 8K)")
-        if listed and isinstance(x, str) and "," in x:  # "2,048" in a list is a thousands separator, not 2 and 48
-            raise ConfigError(f"{where}: {x!r} holds a comma inside one list item; write the length without "
-                              f"separators ({x.replace(',', '')}), and give several lengths as list items")
+        if isinstance(x, str) and "," in x:  # "16,384" is a thousands separator or two lengths: YAML has lists for that
+            raise ConfigError(f"{where}: {x!r} holds a comma; give several lengths as a YAML list ([8K, 16K]) and "
+                              "write each without thousands separators (16384, not 16,384)")
         out.extend(v for v in parse_ints(str(x), where, suffix=suffix) if v not in out)  # 2K and 2048: one length
     return tuple(out)
 

@@ -67,10 +67,13 @@ def asked_samples(manifest: dict) -> dict[str, int]:
     """Task -> the samples per cell its grid asked for: the manifest's ``task_settings`` (the largest count any
     run into the folder asked for), else its config's tasks; tasks that record none are left out."""
     out: dict[str, int] = {}
-    for t in (manifest.get("config") or {}).get("tasks") or []:
+    config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}  # a hand-edited manifest:
+    tasks = config.get("tasks") if isinstance(config.get("tasks"), list) else []  # no counts, not a crash
+    settings = manifest.get("task_settings") if isinstance(manifest.get("task_settings"), dict) else {}
+    for t in tasks:
         if isinstance(t, dict) and isinstance(t.get("samples"), int) and isinstance(t.get("name"), str):
             out[t["name"]] = t["samples"]
-    for name, t in (manifest.get("task_settings") or {}).items():
+    for name, t in settings.items():
         if isinstance(t, dict) and isinstance(t.get("samples"), int):
             out[name] = t["samples"]
     return out

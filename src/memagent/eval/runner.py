@@ -214,11 +214,24 @@ class EvalRunner(RunFolder):
                         f"(hash {sorted(old)[0]}: {self._method_changes(m)}); use a new --output folder or rename "
                         "the method"
                     )
+            self._check_names_against_rows(writer)
             self.check_methods()
             self.check_resume(writer)
+            manifest, data = self.run_dir / "manifest.json", self.run_dir / "data"
+            before = manifest.read_bytes() if manifest.is_file() else None
+            built = set(data.glob("*.jsonl"))
             self.write_manifest(writer)
             cells = [(t, n) for t in self.config.tasks for n in t.lengths if selected is None or (t.name, n) in selected]
-            self.prepare(cells, writer)
+            try:
+                self.prepare(cells, writer)
+            except MemagentError:  # refused before any row (a missing file, a changed sample): the folder is left
+                for p in set(data.glob("*.jsonl")) - built:  # as it was, so undoing the mistake resumes it
+                    p.unlink()
+                if before is None:
+                    manifest.unlink(missing_ok=True)
+                else:
+                    manifest.write_bytes(before)
+                raise
             for b in self._backends_in_use(only_methods) if cells else ():  # a server: fail before any row
                 if callable(getattr(b, "check_reachable", None)):
                     b.check_reachable()
@@ -236,6 +249,25 @@ class EvalRunner(RunFolder):
             self._log_endpoints()
             self.close()
         return self.run_dir / "results.jsonl"
+
+    def _check_names_against_rows(self, writer: ResultWriter) -> None:
+        """Refuse a method or task named like one with rows in the folder up to :func:`memagent.eval.grid.name_key`
+        (``RL`` after ``rl``): on macOS or Windows the two would share a trace folder.
+
+        Raises:
+            ConfigError: naming both names.
+        """
+        from memagent.eval.grid import name_key, same_name_text
+
+        for kind, names, done in (("method", [m.name for m in self.config.methods], writer.hashes),
+                                  ("task", [t.name for t in self.config.tasks], writer.tasks)):
+            by_key = {name_key(d): d for d in done}
+            for n in names:
+                old = by_key.get(name_key(n))
+                if old is not None and old != n:
+                    raise ConfigError(f"{self.run_dir} holds rows of a {kind} named like this grid's: "
+                                      f"{same_name_text(old, n)} would share one trace or data file on macOS or "
+                                      f"Windows; use the name {old!r}, or a new --output folder")
 
     def _method_changes(self, method: MethodConfig) -> str:
         """What differs between ``method`` and the manifest's record of the method of that name (its settings and

@@ -29,6 +29,7 @@ import os
 import time
 import warnings
 import zlib
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,7 +37,7 @@ import torch
 from memagent.errors import ConfigError
 from memagent.rl.advantages import group_advantages
 from memagent.rl.multiconv import broadcast_advantages, check_rows
-from memagent.runfiles import append_rows, keep_lines, write_json
+from memagent.runfiles import append_rows, first_missing, keep_lines, remove_created, write_json
 from memagent.train import data
 from memagent.train.batching import TokenLogProbs, row_logprobs, split_trajectories
 from memagent.train.checkpoint import Checkpointer, check_output_dir, optimizer_by_index, optimizer_by_name  # noqa: F401 - re-exported
@@ -96,6 +97,7 @@ class Trainer:
         self._wrap_scorers()
         self.optimizer, self.scheduler = make_optimizer(self.policy, cfg)
         self.out_dir = cfg.run.output_dir
+        self._created = first_missing(self.out_dir)  # what this run adds on the way to its folder (None: it exists)
         self.pad_id = self.backend.pad_id
         self.templates = PromptTemplates.from_file(cfg.agent.rollout.templates) if cfg.agent.rollout.templates \
             else DEFAULT_TEMPLATES
@@ -399,16 +401,22 @@ class Trainer:
         """
         start = self.step
         config_path = os.path.join(self.out_dir, "config.json")
-        fresh = self.dist.is_main and not os.path.exists(config_path) and not self._trained_anything()
+        untrained = self.dist.is_main and not self._trained_anything()
+        before = Path(config_path).read_bytes() if untrained and os.path.isfile(config_path) else None
         if self.dist.is_main:
             write_json(config_path, config_to_dict(self.cfg), indent=1)
         try:
             return self._fit(start)
         except BaseException:
             # refused or stopped before anything else was written (a first batch that does not fit, Ctrl-C during
-            # the first rollout): leave the folder as it was, not a config.json that marks it as a run
-            if fresh and not self._trained_anything():
-                os.remove(config_path)
+            # the first rollout): leave the folder as it was (its earlier config.json, or none; a folder this run
+            # made is removed when empty), not a config.json that marks it as this run
+            if untrained and not self._trained_anything():
+                if before is None:
+                    os.remove(config_path)
+                    remove_created(self.out_dir, self._created)
+                else:
+                    Path(config_path).write_bytes(before)
             raise
 
     def _trained_anything(self) -> bool:
