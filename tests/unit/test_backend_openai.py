@@ -113,6 +113,8 @@ def test_overflow_400_is_context_overflow():
     err = error_from_http(400, LLAMACPP_OVERFLOW, "doc-1/update-2")
     assert isinstance(err, ContextOverflow)
     assert "[request doc-1/update-2]" in str(err) and "2048 tokens" in str(err)
+    assert str(err).endswith("give --n-ctx (backend n_ctx in a grid) as the server's window, or lower "
+                             "--chunk-tokens/--memory-tokens")  # what to change on this side
     vllm = {"object": "error", "message": "This model's maximum context length is 8192 tokens...", "code": 400}
     assert isinstance(error_from_http(400, vllm, "r"), ContextOverflow)
     with pytest.raises(ContextOverflow):
@@ -184,6 +186,11 @@ def test_server_context_tokens_reads_vllm_max_model_len():
     assert _backend(_Server((200, llamacpp))).server_context_tokens() is None
     with pytest.raises(BackendError, match="HTTP 401"):
         _backend(_Server((401, {"error": "no key"}))).server_context_tokens()
+    # the pre-flight check refuses budgets made for a larger window than the server reports
+    _backend(_Server((200, vllm)), context_tokens=8192).check_reachable()
+    with pytest.raises(BackendError, match=r"serves 'smol' with a window of 8192 tokens \(max_model_len\), smaller "
+                                           r"than the 16384 assumed \(--n-ctx\).*give --n-ctx 8192"):
+        _backend(_Server((200, vllm)), context_tokens=16384).check_reachable()
 
 
 def test_400_is_not_retried_and_becomes_an_error_completion():
@@ -192,7 +199,7 @@ def test_400_is_not_retried_and_becomes_an_error_completion():
     (c,) = b.generate([Request(MSGS, max_tokens=16, request_id="doc-9/final")])
     assert len(server.seen) == 1
     assert c.finish_reason == "error" and c.text == ""
-    assert c.error == "BackendError: [request doc-9/final] HTTP 400: bad value for top_p"
+    assert c.error == "BackendError: [request doc-9/final] HTTP 400 from http://127.0.0.1:9/v1: bad value for top_p"
 
 
 def test_overflow_400_comes_back_as_context_overflow_error():
@@ -207,16 +214,19 @@ def test_retries_exhausted_on_5xx_and_connection_errors_name_the_request(monkeyp
     server = _Server((500, {"error": "boom sk-secret-123"}))
     (c,) = _backend(server, max_retries=2).generate([Request(MSGS, max_tokens=4, request_id="a/1")])
     assert len(server.seen) == 3
-    assert c.error == "BackendError: [request a/1] HTTP 500: boom *** (after 3 attempts)"
+    assert c.error == "BackendError: [request a/1] HTTP 500 from http://127.0.0.1:9/v1: boom *** (after 3 attempts)"
     down = _Server((0, httpx.ConnectError("connection refused")))
     with pytest.raises(EndpointsDown, match=r"\[request a/2\] the server does not answer: http://127.0.0.1:9/v1 "
                        r"\(ConnectError: connection refused\)\. The run stops here; rows already written are kept"):
         _backend(down, max_retries=1).generate([Request(MSGS, max_tokens=4, request_id="a/2")])
     # the request, then (nothing up) a health probe of the endpoint before the retry gives up
     assert [(r.method, r.url.path) for r in down.seen] == [("POST", "/v1/chat/completions"), ("GET", "/v1/models")]
-    slow = _Server((0, httpx.ReadTimeout("timed out")))
+    slow = _Server((0, httpx.ReadTimeout("timed out")), (200, {"data": []}))  # slow to answer, health check answers
     (c,) = _backend(slow, max_retries=0).generate([Request(MSGS, max_tokens=4, request_id="a/3")])
-    assert len(slow.seen) == 1 and c.error.startswith("BackendTimeout: [request a/3]")
+    assert [r.method for r in slow.seen] == ["POST", "GET"] and c.error.startswith("BackendTimeout: [request a/3]")
+    hung = _Server((0, httpx.ReadTimeout("timed out")))  # its health check times out too: it is gone, the run stops
+    with pytest.raises(EndpointsDown, match=r"\[request a/4\] the server does not answer: http://127.0.0.1:9/v1"):
+        _backend(hung, max_retries=0).generate([Request(MSGS, max_tokens=4, request_id="a/4")])
 
 
 def test_batch_keeps_order_and_continues_past_a_failure():
@@ -231,7 +241,7 @@ def test_batch_keeps_order_and_continues_past_a_failure():
     reqs.insert(1, Request((Message("user", "fail"),), max_tokens=4, request_id="s9/0"))
     out = b.generate(reqs)
     assert [c.text for c in out] == ["A", "", "B"]
-    assert out[1].error == "BackendError: [request s9/0] HTTP 422: nope"
+    assert out[1].error == "BackendError: [request s9/0] HTTP 422 from http://h/v1: nope"
 
 
 def test_count_prompt_tokens_and_settings():
@@ -247,7 +257,7 @@ def test_count_prompt_tokens_and_settings():
 
 def test_404_error_hints_at_the_api_prefix():
     (c,) = _backend(_Server((404, {"detail": "Not Found"}))).generate([Request(MSGS, max_tokens=4, request_id="q/9")])
-    assert c.finish_reason == "error" and "HTTP 404: Not Found" in c.error and "/v1" in c.error
+    assert c.finish_reason == "error" and "HTTP 404 from http://127.0.0.1:9/v1: Not Found" in c.error and "/v1" in c.error
 
 
 def test_control_token_text_warns_once():
@@ -302,7 +312,7 @@ def test_a_failed_request_is_named_once_in_the_sample_error():
     agent = MemoryAgent(_backend(server, tokenizer=ByteTokenizer()), AgentConfig(chunk_tokens=50, memory_tokens=8,
                                                                                   final_tokens=8))
     traj = agent.answer("q?", "a short document", sample_id="s7")
-    assert traj.error == "BackendError: [request s7/chunk0] HTTP 422: nope"
+    assert traj.error == "BackendError: [request s7/chunk0] HTTP 422 from http://127.0.0.1:9/v1: nope"
 
 
 def test_a_server_that_cut_the_prompt_gives_a_prompt_truncated_error_naming_both_counts():
@@ -338,3 +348,49 @@ def test_prompt_usage_tolerance_boundary_and_servers_without_usage():
     assert c.usage == Usage(0, 0)  # no tokenizer: nothing to estimate with
     (c,) = _backend(_Server((200, _ok_body(prompt_tokens=50)))).generate([Request(doc, 8, request_id="b")])
     assert c.error is None  # no tokenizer: nothing to count the prompt with
+
+
+def test_an_api_key_with_a_line_break_or_non_ascii_letters_is_named_not_shown(monkeypatch):
+    """A key read from a file carries its newline: it is stripped; one no header can carry is refused naming the
+    variable, and the key never appears in the message."""
+    seen = []
+
+    def answer(request):
+        seen.append(request.headers.get("authorization"))
+        return httpx.Response(200, json=_ok_body(content="x"))
+
+    monkeypatch.setenv("MEMAGENT_TEST_KEY", "sk-abcSECRET\r\n")
+    b = OpenAIBackend("http://h/v1", "m", transport=httpx.MockTransport(answer), api_key_env="MEMAGENT_TEST_KEY")
+    b.generate([Request(MSGS, max_tokens=4, request_id="k/1")])
+    assert seen == ["Bearer sk-abcSECRET"]
+    for bad in ("sk-\u043a\u043b\u044e\u0447", "sk-abc\nSECRET"):
+        monkeypatch.setenv("MEMAGENT_TEST_KEY", bad)
+        with pytest.raises(ConfigError, match=r"\$MEMAGENT_TEST_KEY holds characters an HTTP header cannot carry") as e:
+            OpenAIBackend("http://h/v1", "m", api_key_env="MEMAGENT_TEST_KEY")
+        assert "SECRET" not in str(e.value) and "\u043a" not in str(e.value)
+
+
+def test_the_preflight_check_names_a_wrong_base_url_a_redirect_and_an_unserved_model():
+    """Setups where every request would fail stop before the first sample (exit 2 in the CLI), naming the fix."""
+    def server(request):
+        path = request.url.path
+        if request.url.host == "redirect":
+            return httpx.Response(301, headers={"location": "https://redirect/v1/models"})
+        if path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "served-a"}, {"id": "served-b"}]})
+        return httpx.Response(404, json={"detail": "Not Found"})
+
+    def backend(url, model="served-a"):
+        return OpenAIBackend(url, model, transport=httpx.MockTransport(server), api_key_env="X_UNSET")
+
+    backend("http://h/v1").check_reachable()  # the listed model on the API root
+    with pytest.raises(BackendError, match=r"http://h/models is not found, but http://h/v1/models answers: give "
+                                           r"--base-url http://h/v1"):
+        backend("http://h").check_reachable()
+    with pytest.raises(BackendError, match=r"http://h/v1 does not serve model 'llama' \(it lists 'served-a', "
+                                           r"'served-b'\); give --model as the server names it"):
+        backend("http://h/v1", "llama").check_reachable()
+    backend("http://h/v1", "llama").check_reachable(check_model=False)  # the trainer's adapters: named later
+    with pytest.raises(BackendError, match=r"http://redirect/v1/models redirects \(HTTP 301\) to "
+                                           r"https://redirect/v1/models"):
+        backend("http://redirect/v1").check_reachable()

@@ -133,9 +133,52 @@ def test_a_hung_server_leaves_the_rotation_after_a_read_timeout_and_its_request_
 def test_a_slow_server_that_answers_its_health_check_stays_in_the_rotation():
     servers = Servers(slow={"a"})  # its completions time out, its health check answers: a long request, not a hang
     b = _backend(servers, max_retries=1)
-    (c,) = b.generate([_req("s1/chunk0", affinity="s1")])
+    (c,) = b.generate([_req("s1/chunk0", affinity="s1")])  # the retry goes to the other replica
+    assert c.finish_reason == "stop" and servers.posts == [("b", "s1/chunk0")]
+    assert b.endpoint_stats()[A] == {"requests": 0, "failed": 1, "up": True}
+    (c,) = _backend(servers, urls=(A,), max_retries=1).generate([_req("s1/chunk0", affinity="s1")])  # alone: retried
     assert c.finish_reason == "error" and "no answer from http://a:1/v1 in time (ReadTimeout) (after 2 attempts)" in c.error
-    assert b.endpoint_stats()[A] == {"requests": 0, "failed": 2, "up": True} and servers.posts == []
+
+
+def test_retries_of_an_error_answer_go_to_another_replica_and_count_as_failed():
+    """A replica that answers 500 at once looks least loaded; the retry goes to the other one, the error names the
+    replica, and its answers count as failed attempts in the run's summary."""
+    def handler(request):
+        if request.url.host == "a" and request.method == "POST":
+            return httpx.Response(500, json={"error": {"message": "internal error"}})
+        return Servers()(request)
+
+    b = OpenAIBackend([A, B], "m", transport=httpx.MockTransport(handler), api_key_env="MEMAGENT_UNSET",
+                      retry_wait_s=0.001, max_retries=2)
+    comps = b.generate([_req(f"s{k}/chunk0", affinity=f"s{k}") for k in range(6)])
+    assert [c.finish_reason for c in comps] == ["stop"] * 6
+    stats = b.endpoint_stats()
+    assert stats[B]["requests"] == 6 and stats[A]["requests"] == 0 and stats[A]["failed"] >= 1
+    assert "failed attempt" in describe_stats(stats).split(", ")[0]
+    (c,) = OpenAIBackend([A], "m", transport=httpx.MockTransport(handler), api_key_env="MEMAGENT_UNSET",
+                         retry_wait_s=0.001, max_retries=1).generate([_req("s9/chunk0")])
+    assert c.error == "BackendError: [request s9/chunk0] HTTP 500 from http://a:1/v1: internal error (after 2 attempts)"
+
+
+def test_a_request_the_server_drops_is_one_error_row_while_its_health_check_answers():
+    """A single server that closes the connection on one request (and answers GET /models) is there: that
+    request fails as an error completion, the run goes on; a server that does not answer its health check either
+    stops the run."""
+    def handler(request):
+        if request.method == "POST" and b"poison" in request.content:
+            raise httpx.ReadError("IncompleteRead(10 bytes read)")
+        return Servers()(request)
+
+    b = OpenAIBackend([A], "m", transport=httpx.MockTransport(handler), api_key_env="MEMAGENT_UNSET",
+                      retry_wait_s=0.001, max_retries=1)
+    comps = b.generate([_req("ok/1"), _req("poison/1"), _req("ok/2")])
+    assert [c.finish_reason for c in comps] == ["stop", "error", "stop"]
+    assert "cannot reach http://a:1/v1: ReadError: IncompleteRead(10 bytes read) (after 2 attempts)" in comps[1].error
+    assert b.endpoint_stats()[A]["up"]
+    dead = OpenAIBackend([A], "m", transport=httpx.MockTransport(Servers(hung={"a"})), api_key_env="MEMAGENT_UNSET",
+                         retry_wait_s=0.001, max_retries=1)
+    with pytest.raises(EndpointsDown, match="the server does not answer: http://a:1/v1"):
+        dead.generate([_req("s/1")])  # a hung single server stops the run, as a dead one does
 
 
 @pytest.mark.parametrize("url, why", [

@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import httpx
 import pytest
@@ -39,12 +40,30 @@ def test_each_thread_keeps_one_connection_per_server(fake_url):
         t.start()
     for t in threads:
         t.join()
-    assert len(transport._all) == 4  # one more per thread
+    assert len(transport._all) == 1  # one more per thread, closed when the thread ended (no socket piles up)
+    held, done = threading.Event(), threading.Event()
+
+    def hold():
+        client.get(f"{fake_url}/models")
+        held.set()
+        done.wait()
+
+    t = threading.Thread(target=hold)
+    t.start()
+    held.wait()
+    assert len(transport._all) == 2  # a thread that is still there keeps its connection
+    (kept,) = [c for c in transport._all if c is not next(iter(transport._local.conns.values()))]
+    done.set()
+    t.join()
+    del t
+    assert kept.sock is None  # closed when its thread ended, not left for the garbage collector
+    del kept
+    assert len(transport._all) == 1
     (conn,) = transport._local.conns.values()
     conn.sock.shutdown(socket.SHUT_RDWR)  # the connection dies while idle: reopened, the request goes through
     assert client.get(fake_url.removesuffix("/v1") + "/stats").json()["served"] == 0  # no chat request yet
     transport.close()
-    assert transport._all == set()
+    assert len(transport._all) == 0
 
 
 def test_refused_and_timed_out_connections_are_httpx_errors():
@@ -102,3 +121,45 @@ def test_agent_content_counts_stay_at_or_below_the_truth():
     for r in reqs:
         truth = sum(len(tok.encode(m.content)) for m in r.messages)
         assert truth - 16 <= r.content_tokens <= truth, (r.request_id, r.content_tokens, truth)
+
+
+def test_a_request_the_server_drops_is_not_sent_again_by_the_transport():
+    """The second request on a kept connection is read by the server, which then closes without answering: the
+    transport raises instead of sending it again (only the backend's retries may), and an idle connection the
+    server closed is replaced before the next request goes out."""
+    import socketserver
+
+    seen = []
+
+    class Handler(socketserver.StreamRequestHandler):
+        def handle(self):
+            while True:
+                line = self.rfile.readline()
+                if not line:
+                    return
+                while self.rfile.readline() not in (b"\r\n", b""):
+                    pass
+                seen.append(line.split()[1].decode())
+                if line.split()[1] == b"/drop":
+                    return  # read, then closed without an answer
+                self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                if line.split()[1] == b"/bye":
+                    return  # answered, then closed while idle
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    client = httpx.Client(transport=KeepAliveTransport())
+    try:
+        assert client.get(f"{url}/a").text == "ok"
+        with pytest.raises(httpx.RemoteProtocolError):
+            client.get(f"{url}/drop")
+        assert seen == ["/a", "/drop"]  # sent once
+        assert client.get(f"{url}/bye").text == "ok"
+        time.sleep(0.2)  # the server has closed the idle connection
+        assert client.get(f"{url}/c").text == "ok" and seen == ["/a", "/drop", "/bye", "/c"]
+    finally:
+        client.close()
+        server.shutdown()
+        server.server_close()

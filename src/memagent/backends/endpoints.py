@@ -71,29 +71,36 @@ class EndpointPool:
         self._lock = threading.Lock()
         self._affinity: OrderedDict[str, Endpoint] = OrderedDict()
 
-    def acquire(self, affinity: str | None = None) -> Endpoint:
+    def acquire(self, affinity: str | None = None, avoid: Endpoint | None = None) -> Endpoint:
         """The endpoint for the next attempt (its ``in_flight`` counted); release it with :meth:`release`.
+
+        Args:
+            affinity: the request's affinity key (see the module docstring).
+            avoid: an endpoint not to use while another is up (a retry after it answered with an error: a
+                replica that fails fast would otherwise look least loaded and get the retry again).
 
         Raises:
             EndpointsDown: no endpoint is up, even after probing every one.
         """
         self._recheck(only_due=True)
-        ep = self._pick(affinity)
+        ep = self._pick(affinity, avoid)
         if ep is None:
-            self._recheck(only_due=False)
-            ep = self._pick(affinity)
+            self.recheck()
+            ep = self._pick(affinity, avoid)
         if ep is None:
             raise EndpointsDown(self.down_message())
         return ep
 
-    def _pick(self, affinity: str | None) -> Endpoint | None:
+    def _pick(self, affinity: str | None, avoid: Endpoint | None = None) -> Endpoint | None:
         with self._lock:
             up = [e for e in self.endpoints if e.up]
             if not up:
                 return None
+            if avoid is not None and len(up) > 1:
+                up = [e for e in up if e is not avoid] or up
             best = min(up, key=lambda e: e.in_flight)
             ep = self._affinity.get(affinity) if affinity is not None else None
-            if ep is None or not ep.up or ep.in_flight > best.in_flight + self.affinity_slack:
+            if ep is None or ep not in up or ep.in_flight > best.in_flight + self.affinity_slack:
                 ep = best
             if affinity is not None:
                 self._affinity[affinity] = ep
@@ -104,7 +111,8 @@ class EndpointPool:
             return ep
 
     def release(self, ep: Endpoint, answered: bool) -> None:
-        """End an attempt: ``answered`` (any HTTP answer) counts a request; else a failure."""
+        """End an attempt: ``answered`` counts a request; else a failed attempt (no answer, or an answer with a
+        retryable error status)."""
         with self._lock:
             ep.in_flight -= 1
             if answered:
@@ -127,6 +135,11 @@ class EndpointPool:
     def any_up(self) -> bool:
         with self._lock:
             return any(e.up for e in self.endpoints)
+
+    def recheck(self) -> bool:
+        """Probe every down endpoint now; returns whether any endpoint is up afterwards."""
+        self._recheck(only_due=False)
+        return self.any_up()
 
     def _recheck(self, only_due: bool) -> None:
         """Probe the down endpoints (``only_due``: those down for ``recheck_s``), one thread per endpoint."""

@@ -44,7 +44,7 @@ class BackendOptions:
     lora_path: str | None = setting(None, "llamacpp, llamacpp-batch: a llama.cpp LoRA adapter GGUF for the model, "
                                     "e.g. from `memagent export RUN --format lora-gguf`, or the name of a policy "
                                     "shipped in the package (`memagent ls`), e.g. ruler-niah", flag="--lora")
-    timeout: float | None = setting(None, "openai: seconds per request attempt (default 600)", min=0.1)
+    timeout: float | None = setting(None, "openai: seconds a server may stay silent (to connect, or between reads of an answer) before the attempt fails; not a cap on a whole answer that keeps arriving (default 600)", min=0.1)
     max_retries: int | None = setting(None, "openai: retries after a failed attempt (429/5xx, connection errors, "
                                       "timeouts; default 4)", min=0)
 

@@ -64,10 +64,12 @@ _CONTROL_LIKE = re.compile(r"<\|[A-Za-z_][A-Za-z0-9_]{0,30}\|>|</?s>|\[/?INST\]"
 class _Transient(Exception):
     """Carries a retryable BackendError through tenacity (and the server's Retry-After, in seconds)."""
 
-    def __init__(self, error: BackendError, retry_after_s: float | None = None, failover: bool = False):
+    def __init__(self, error: BackendError, retry_after_s: float | None = None, failover: bool = False,
+                 endpoint=None):
         super().__init__(str(error))
         self.error = error
         self.retry_after_s = retry_after_s
+        self.endpoint = endpoint  # the endpoint that failed: a retry goes elsewhere while another is up
         self.failover = failover  # the endpoint left the rotation and another is up: retry there at once
 
 
@@ -77,6 +79,23 @@ def _retry_after_s(value: str | None) -> float | None:
         return max(0.0, float(value)) if value is not None else None
     except ValueError:
         return None
+
+
+def _api_key(env: str) -> str | None:
+    """The key in ``$env`` (``None`` when unset or blank), without the surrounding whitespace a key read from a
+    file (``$(cat key.txt)``) carries.
+
+    Raises:
+        ConfigError: the key holds characters an HTTP header cannot carry (non-ASCII, control characters); the
+            message names the variable, never the key.
+    """
+    key = (os.environ.get(env) or "").strip()
+    if not key:
+        return None
+    if not key.isascii() or any(ord(ch) < 32 or ord(ch) == 127 for ch in key):
+        raise ConfigError(f"${env} holds characters an HTTP header cannot carry (non-ASCII letters or control "
+                          "characters such as a line break inside the key); check the key (it is not shown here)")
+    return key
 
 
 def check_base_url(url: object) -> None:
@@ -110,7 +129,8 @@ class OpenAIBackend:
         model: model name sent in every request.
         api_key_env: environment variable holding the API key; unset or empty sends no key.
         concurrency: requests in flight at once, over all endpoints (the agent keeps this many samples going).
-        timeout_s: per-attempt timeout in seconds (connect, read, write and pool).
+        timeout_s: seconds a server may stay silent before an attempt fails: to connect, and between two reads
+            of its answer (an answer that keeps arriving slowly is not cut off).
         max_retries: retries after the first attempt for 429/408/5xx, connection errors and timeouts.
         context_tokens: the model's context window in tokens, when known (chat servers do not report it with
             completions; :meth:`server_context_tokens` asks vLLM for it).
@@ -181,7 +201,7 @@ class OpenAIBackend:
         self.tokenizer = tokenizer
         self.extra_body = dict(extra_body or {})
         self.chat_overhead_tokens = chat_overhead_tokens
-        self._key = os.environ.get(api_key_env) or None
+        self._key = _api_key(api_key_env)
         headers = {"Authorization": f"Bearer {self._key}"} if self._key else {}
         self._client = httpx.Client(headers=headers, timeout=httpx.Timeout(timeout_s),
                                     transport=transport if transport is not None else KeepAliveTransport())
@@ -243,14 +263,16 @@ class OpenAIBackend:
         """
         start = time.perf_counter()
         attempts = failovers = 0
+        failed_on = None
 
         def attempt() -> Completion:
-            nonlocal attempts, failovers
+            nonlocal attempts, failovers, failed_on
             attempts += 1
             try:
-                return self._post(request)
+                return self._post(request, avoid=failed_on)
             except _Transient as e:
                 failovers += e.failover
+                failed_on = e.endpoint
                 raise
 
         def stop(state: tenacity.RetryCallState) -> bool:  # a failover does not use up a retry
@@ -263,7 +285,11 @@ class OpenAIBackend:
             completion = retrying(attempt)
         except (_Transient, BackendError) as e:
             err = e.error if isinstance(e, _Transient) else e
-            if isinstance(err, EndpointsDown) or (isinstance(e, _Transient) and not self.pool.any_up()):
+            # the run stops only when no server answers its health check either: a server that dropped this one
+            # request (closed the connection mid-answer) but answers GET /models is there, and the request is one
+            # failed sample (an error row), not a reason to stop every sample at the same place on each rerun
+            if isinstance(err, EndpointsDown) or (isinstance(e, _Transient) and not self.pool.any_up()
+                                                  and not self.pool.recheck()):
                 raise EndpointsDown(self._redact(self.pool.down_message()), request.request_id) from None
             note = f" (after {attempts} attempts)" if attempts > 1 else ""
             error = self._redact(f"{type(err).__name__}: {err}{note}")
@@ -281,44 +307,48 @@ class OpenAIBackend:
             wait = max(wait, min(exc.retry_after_s, self.retry_max_wait_s))
         return wait
 
-    def _post(self, request: Request) -> Completion:
-        """One HTTP attempt on the endpoint the pool picks; raises _Transient for retryable failures (marking
-        an endpoint whose connection failed down), BackendError for final ones."""
+    def _post(self, request: Request, avoid=None) -> Completion:
+        """One HTTP attempt on the endpoint the pool picks (not ``avoid``, where the last attempt failed, while
+        another is up); raises _Transient for retryable failures (marking an endpoint whose connection failed
+        down; an answer with a retryable status counts as a failed attempt of its endpoint), BackendError for
+        final ones."""
         rid = request.request_id
         try:
-            ep = self.pool.acquire(request.affinity)
+            ep = self.pool.acquire(request.affinity, avoid=avoid)
         except EndpointsDown as e:
             raise _Transient(e) from None
         answered = False
         try:
             resp = self._client.post(f"{ep.url}/chat/completions", json=build_payload(request, self.model, self.extra_body))
-            answered = True
+            answered = resp.status_code not in RETRY_STATUSES
         except httpx.TimeoutException as e:
             if isinstance(e, httpx.ConnectTimeout):
                 others = self.pool.mark_down(ep, f"{type(e).__name__}")
                 raise _Transient(BackendTimeout(f"cannot connect to {ep.url} in time", rid), failover=others) from e
-            hung = len(self.pool.endpoints) > 1 and not self._answers(ep.url)  # took the request, answers nothing
+            # took the request and answers nothing, not even its health check: it leaves the rotation (with one
+            # server too, so a hung server stops the run as a dead one does, instead of failing every sample)
+            hung = not self._answers(ep.url)
             others = hung and self.pool.mark_down(ep, f"{type(e).__name__}, and its health check got no answer")
             raise _Transient(BackendTimeout(f"no answer from {ep.url} in time ({type(e).__name__})", rid),
-                             failover=others) from e
+                             failover=others, endpoint=ep) from e
         except httpx.TransportError as e:
             others = self.pool.mark_down(ep, f"{type(e).__name__}: {e}") if isinstance(e, _GONE) else self.pool.any_up()
             raise _Transient(BackendError(f"cannot reach {ep.url}: {type(e).__name__}: {e}", rid),
-                             failover=others and isinstance(e, _GONE)) from e
+                             failover=others and isinstance(e, _GONE), endpoint=ep) from e
         finally:
             self.pool.release(ep, answered)
-        return self._read(resp, request)
+        return self._read(resp, request, ep)
 
-    def _read(self, resp: httpx.Response, request: Request) -> Completion:
+    def _read(self, resp: httpx.Response, request: Request, ep=None) -> Completion:
         rid = request.request_id
         try:
             body: Any = resp.json()
         except ValueError:
             body = resp.text
         if resp.status_code >= 400 or resp.status_code < 200:
-            err = error_from_http(resp.status_code, body, rid)
+            err = error_from_http(resp.status_code, body, rid, url=None if ep is None else ep.url)
             if resp.status_code in RETRY_STATUSES:
-                raise _Transient(err, _retry_after_s(resp.headers.get("retry-after")))
+                raise _Transient(err, _retry_after_s(resp.headers.get("retry-after")), endpoint=ep)
             raise err
         if isinstance(body, str):
             raise BadResponse(f"HTTP {resp.status_code} with a body that is not JSON: {body[:200]!r}", rid)
@@ -351,26 +381,32 @@ class OpenAIBackend:
         """A health check: ``GET /models`` (any HTTP answer means the server is there)."""
         return self._client.get(f"{url}/models", timeout=timeout_s)
 
-    def check_reachable(self, timeout_s: float = 10.0) -> None:
-        """Fail fast, before any sample, when no server can be reached or one refuses the key: one ``GET
-        /models`` per endpoint, without retries. Other HTTP statuses pass (not every compatible server lists
-        its models). With several endpoints, one that cannot be reached is warned about and left out of the
-        rotation (it is probed again later).
+    def check_reachable(self, timeout_s: float | None = None, check_model: bool = True) -> None:
+        """Fail fast, before any sample, when no server can be reached, one refuses the key, the base URL is not
+        the API root, or the model is not served: one ``GET /models`` per endpoint, without retries. A server
+        that lists models must list ``model`` (``check_model``; the trainer's servers get their adapters' names
+        later); one that does not list them (another HTTP status) passes. With several endpoints, one that
+        cannot be reached is warned about and left out of the rotation (it is probed again later).
+
+        Args:
+            timeout_s: seconds to wait for each server (default: the backend's ``timeout_s``, at most 10).
+            check_model: refuse a model the servers' listing lacks.
 
         Raises:
-            BackendError: no endpoint can be reached (names each ``base_url``), or HTTP 401/403 (names the key's
-                environment variable).
+            BackendError: no endpoint can be reached (names each ``base_url``); HTTP 401/403 (names the key's
+                environment variable); a redirect (names where to, e.g. ``https://``); a 404 where the URL with
+                ``/v1`` added answers (names that URL); a listing without ``model`` (names the served ones).
         """
+        timeout_s = timeout_s if timeout_s is not None else min(10.0, self._client.timeout.read or 10.0)
         failures = []
         for ep in self.pool.endpoints:
             try:
                 resp = self._probe(ep.url, timeout_s)
             except httpx.HTTPError as e:
-                failures.append((ep, f"{type(e).__name__}: {e}"))
+                hint = " (an https:// URL for an http server?)" if ep.url.startswith("https://") else ""
+                failures.append((ep, f"{type(e).__name__}: {e}{hint}"))
                 continue
-            if resp.status_code in (401, 403):
-                raise BackendError(f"{ep.url} refused the API key (HTTP {resp.status_code}); put the key in "
-                                   f"${self.api_key_env} (--api-key-env names the variable)")
+            self._check_listing(ep.url, resp, check_model)
         if len(failures) == len(self.base_urls):
             where = "; ".join(f"{ep.url} ({why})" for ep, why in failures)
             raise BackendError(self._redact(f"cannot reach {where}; is the server running, and is --base-url right "
@@ -379,6 +415,41 @@ class OpenAIBackend:
             self.pool.mark_down(ep, why, quiet=True)
             warnings.warn(self._redact(f"cannot reach {ep.url} ({why}): left out of the rotation for now (probed "
                                        f"again every {self.pool.recheck_s:g} s)"), stacklevel=2)
+
+    def _check_listing(self, url: str, resp: httpx.Response, check_model: bool) -> None:
+        """The checks of :meth:`check_reachable` on one server's ``GET /models`` answer."""
+        status = resp.status_code
+        if status in (401, 403):
+            raise BackendError(f"{url} refused the API key (HTTP {status}); put the key in ${self.api_key_env} "
+                               "(--api-key-env names the variable)")
+        if 300 <= status < 400:
+            to = resp.headers.get("location", "?")
+            raise BackendError(self._redact(f"{url}/models redirects (HTTP {status}) to {to}: give --base-url as the "
+                                            "server's own API root (e.g. https:// where it redirects there)"))
+        if status == 404 and not url.endswith("/v1"):
+            try:
+                with_v1 = self._probe(f"{url}/v1").status_code == 200
+            except httpx.HTTPError:
+                with_v1 = False
+            if with_v1:
+                raise BackendError(self._redact(f"{url}/models is not found, but {url}/v1/models answers: give "
+                                                f"--base-url {url}/v1 (the API root, with its /v1 prefix)"))
+        if status != 200 or not check_model:
+            return
+        try:
+            listed = [e.get("id") for e in resp.json().get("data") or [] if isinstance(e, dict)]
+        except (ValueError, AttributeError):
+            return
+        if listed and self.model not in listed:
+            shown = ", ".join(map(repr, listed[:8])) + (" ..." if len(listed) > 8 else "")
+            raise BackendError(self._redact(f"{url} does not serve model {self.model!r} (it lists {shown}); give "
+                                            "--model as the server names it (vLLM: --served-model-name)"))
+        window = next((e.get("max_model_len") for e in resp.json().get("data") or []
+                       if isinstance(e, dict) and e.get("id") == self.model), None)
+        if isinstance(window, int) and window > 0 and self.context_tokens is not None and self.context_tokens > window:
+            raise BackendError(f"{url} serves {self.model!r} with a window of {window} tokens (max_model_len), "
+                               f"smaller than the {self.context_tokens} assumed (--n-ctx): every budget was checked "
+                               f"against the wrong window; give --n-ctx {window} (or less)")
 
     def server_context_tokens(self) -> int | None:
         """The served model's context window as the server reports it (vLLM's ``max_model_len`` in

@@ -158,25 +158,30 @@ def parse_response(data: Any, request_id: str) -> Completion:
     )
 
 
-def error_from_http(status: int, body: Any, request_id: str) -> BackendError:
+def error_from_http(status: int, body: Any, request_id: str, url: str | None = None) -> BackendError:
     """The error for a non-2xx answer.
 
     Args:
         status: HTTP status code.
         body: the decoded JSON body, or the raw text when it is not JSON.
         request_id: named in the error.
+        url: the server that answered (named in the error, so that a failing replica among several is found).
 
     Returns:
         :class:`ContextOverflow` for a 400/413/422 about the context window, :class:`BackendTimeout` for 408
         and 504, else :class:`BackendError` with the status and the server's message (cut to 500 chars).
     """
-    return _classify(status, _error_message(body), request_id)
+    return _classify(status, _error_message(body), request_id, url=url)
 
 
-def _classify(status: int, message: str, request_id: str, overflow_any_status: bool = False) -> BackendError:
-    text = f"HTTP {status}: {message[:500]}" if not overflow_any_status else message[:500]
+def _classify(status: int, message: str, request_id: str, overflow_any_status: bool = False,
+              url: str | None = None) -> BackendError:
+    where = f" from {url}" if url else ""
+    text = f"HTTP {status}{where}: {message[:500]}" if not overflow_any_status else message[:500]
     if (overflow_any_status or status in (400, 413, 422)) and _OVERFLOW.search(message):
-        return ContextOverflow(f"the server refused the prompt as too long ({text})", request_id)
+        return ContextOverflow(f"the server refused the prompt as too long ({text}); the budgets assume a larger "
+                               "window than it serves: give --n-ctx (backend n_ctx in a grid) as the server's window, "
+                               "or lower --chunk-tokens/--memory-tokens", request_id)
     if status in (408, 504):
         return BackendTimeout(text, request_id)
     if status == 404:

@@ -74,7 +74,7 @@ class LoraServersBackend(OpenAIBackend):
             self._load(url, *self.adapter, timeout_s=max(timeout_s, 30.0))
         return resp
 
-    def _read(self, resp: httpx.Response, request):
+    def _read(self, resp: httpx.Response, request, ep=None):
         # a server that restarted between two requests (its kept-alive connection reopened at once, so it never
         # left the rotation) answers 404 for the adapter it no longer holds: take it out of the rotation, where
         # its health check loads the adapter again, and retry the request elsewhere (or there, once loaded)
@@ -86,7 +86,7 @@ class LoraServersBackend(OpenAIBackend):
                 self.pool.mark_down(ep, f"it lost LoRA adapter {self.adapter[0]} (restarted?)")
                 raise _Transient(BackendError(f"{ep.url} does not hold adapter {self.adapter[0]} (restarted?); "
                                               "loading it again", request.request_id), failover=True)
-        return super()._read(resp, request)
+        return super()._read(resp, request, ep)
 
     def _load(self, url: str, name: str, path: str, timeout_s: float | None = None) -> None:
         """Load adapter ``name`` from ``path`` on the server at ``url``, then unload the one it held.
@@ -174,7 +174,7 @@ class ServerRolloutEngine:
         self.backend = LoraServersBackend(
             list(cfg.run.rollout_servers), str(cfg.model.path), tokenizer=HFTokenizer(tokenizer, "policy"),
             pad_id=pad, concurrency=cfg.run.rollout_concurrency, transport=transport)
-        self.backend.check_reachable()
+        self.backend.check_reachable(check_model=False)  # requests name adapters, published below
         # adapter names are new for every engine (a resumed run never meets a name a server still holds from
         # before), every version and, under torchrun, every process (each publishes its own identical copy)
         self.run_tag = f"{uuid.uuid4().hex[:8]}" + (f"-r{dist.rank}" if dist.enabled else "")
