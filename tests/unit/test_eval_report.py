@@ -307,6 +307,17 @@ def test_out_may_not_be_another_runs_folder(tmp_path):
     assert not any((tmp_path / d / "summary.md").exists() for d in ("r2", "r3"))
     write_report([tmp_path / "r1"], tmp_path / "r1" / ".." / "r1", plot=False)  # the run's own folder: allowed
     assert (tmp_path / "r1" / "summary.md").is_file()
+    import shutil
+
+    manifest = json.loads((tmp_path / "r1" / "manifest.json").read_text())
+    (tmp_path / "r1" / "manifest.json").write_text(json.dumps({**manifest, "started_at": "2026-12-01T00:00:00Z"}))
+    shutil.copytree(tmp_path / "r1", tmp_path / "committed")  # a committed copy of the same run: allowed
+    (tmp_path / "committed" / "summary.md").unlink()
+    write_report([tmp_path / "r1"], tmp_path / "committed", plot=False)
+    assert (tmp_path / "committed" / "summary.md").is_file()
+    (tmp_path / "r2" / "manifest.json").write_text(json.dumps({"name": "r1", "started_at": "2026-12-02T00:00:00Z"}))
+    with pytest.raises(DataError, match="is another eval run's folder"):  # same name, another run
+        write_report([tmp_path / "r1"], tmp_path / "r2", plot=False)
 
 
 def test_no_plot_removes_an_earlier_plot(tmp_path, capsys):

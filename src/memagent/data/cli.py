@@ -1,4 +1,4 @@
-"""`memagent data hotpotqa | ruler`: build benchmark data files (mounted by the main CLI as ``data``)."""
+"""`memagent data hotpotqa | ruler | ruler-train`: build benchmark data files (mounted by the main CLI as ``data``)."""
 
 from __future__ import annotations
 

@@ -288,12 +288,25 @@ def write_report(run_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLi
 
 
 def _refuse_other_run(out: Path, run_dirs: Sequence[str | os.PathLike]) -> None:
-    """Refuse an output folder that is another eval run's folder (the report would replace its own summary).
+    """Refuse an output folder that is another eval run's folder (the report would replace its own summary). A
+    copy of a run reported (its manifest's ``name`` and ``started_at`` are that run's: a committed results folder
+    refreshed from its working copy under ``runs/``) is the same run, and allowed.
 
     Raises:
         DataError: naming the folder and the run file found in it.
     """
     if any(Path(d).resolve() == out.resolve() for d in run_dirs):
+        return
+
+    def identity(folder: Path):
+        try:
+            m = read_manifest(folder / "manifest.json")
+        except DataError:
+            return None
+        return (m.get("name"), m.get("started_at")) if m.get("started_at") else None
+
+    mine = identity(out)
+    if mine is not None and any(identity(Path(d)) == mine for d in run_dirs):
         return
     found = [name for name in ("results.jsonl", "manifest.json") if (out / name).is_file()]
     if found:
