@@ -37,7 +37,7 @@ import re
 from dataclasses import dataclass
 
 _BOX = re.compile(r"\\(?:boxed|fbox)")
-_TEXT = re.compile(r"\\(?:text|textbf|mathrm)\{(.*)\}", re.S)
+_TEXT = re.compile(r"\\(?:text|textbf|mathrm)\{")
 # "answer is", "answer to this/the question is" (the answer follows on the same line or a later one)
 _ANSWER_IS = re.compile(r"answer(?:\s+to\s+(?:this|the)\s+question)?\s+is\s*:?", re.I)
 # a line that starts (after markdown bullets, quotes, headings, emphasis) with an answer label and a colon, or
@@ -75,19 +75,46 @@ def last_boxed(text: str) -> str | None:
     while j < len(text) and text[j] in " \t":
         j += 1
     if j < len(text) and text[j] == "{":
-        depth = 0
-        for k in range(j, len(text)):
-            if text[k] == "{":
-                depth += 1
-            elif text[k] == "}":
-                depth -= 1
-                if depth == 0:
-                    return text[j + 1 : k]
-        return None
+        k = _closing_brace(text, j)
+        return None if k is None else text[j + 1 : k]
     if j > i:  # "\boxed 42$"
         rest = text[j:]
         return re.split(r"[$\n]", rest, maxsplit=1)[0].strip() or None
     return None
+
+
+def _closing_brace(text: str, start: int) -> int | None:
+    """Index of the ``}`` that closes the ``{`` at ``start`` (``\\{`` and ``\\}``, LaTeX's literal braces, do not
+    count), or ``None`` when it is never closed."""
+    depth, k = 0, start
+    while k < len(text):
+        c = text[k]
+        if c == "\\":
+            k += 2  # an escaped character: \{, \}, \\
+            continue
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return k
+        k += 1
+    return None
+
+
+def _unwrap_text(boxed: str) -> str:
+    """``\\text{New} \\text{York}`` -> ``New York``: every ``\\text{...}`` (``\\textbf``, ``\\mathrm``) replaced by
+    its content, braces matched (a greedy pattern took ``New} \\text{York``)."""
+    out, i = [], 0
+    for m in _TEXT.finditer(boxed):
+        if m.start() < i:
+            continue
+        end = _closing_brace(boxed, m.end() - 1)
+        if end is None:
+            break
+        out.append(boxed[i:m.start()] + boxed[m.end():end])
+        i = end + 1
+    return "".join(out) + boxed[i:]
 
 
 def _clean(text: str) -> str:
@@ -107,8 +134,7 @@ def extract_answer(text: str) -> ExtractedAnswer:
     body = strip_reasoning(text or "")
     boxed = last_boxed(body)
     if boxed is not None:
-        inner = _TEXT.fullmatch(boxed.strip())
-        return ExtractedAnswer((inner.group(1) if inner else boxed).strip(), "boxed")
+        return ExtractedAnswer(_unwrap_text(boxed).strip(), "boxed")
     ends = sorted({m.end() for p in (_ANSWER_IS, _LABEL) for m in p.finditer(body)})
     for end in reversed(ends):  # the last phrase or label with an answer after it
         ans = _text_after(body, end)

@@ -26,18 +26,19 @@ def score(verifier_name: str, response: str, answers: Sequence[str], answer: str
     Args:
         verifier_name: a name registered in :data:`memagent.verifiers.VERIFIERS` (``sub_em``, ``strict_boxed``...).
         response: the final turn's raw text.
-        answers: the gold answers.
+        answers: the gold answers (a lone string is one answer, as the verifiers themselves take it).
         answer: the answer already extracted from ``response`` (saves extracting it again).
 
     Raises:
         UnknownNameError: no verifier of that name (suggests the closest).
     """
     verifier = get_verifier(verifier_name)
+    answers = [answers] if isinstance(answers, str) else list(answers)  # one gold answer, not its characters
     if reads_raw_response(verifier_name):
-        return float(verifier(response, list(answers)))
+        return float(verifier(response, answers))
     if answer is None:
         answer = extract_answer(response).answer
-    return float(verifier(answer, list(answers)))
+    return float(verifier(answer, answers))
 
 
 def scores(verifier_names: Sequence[str], response: str, answers: Sequence[str],

@@ -54,6 +54,12 @@ class Sample:
             raise TypeError(f"Sample {self.id!r}: context must be a string or a TextSource, got {type(c).__name__} "
                             f"{c!r:.60}{missing}; read a file's text first (Path(...).read_text()), or give "
                             "MemoryAgent.answer the path")
+        if self.answers is None:  # as "answers": null reads from a file
+            object.__setattr__(self, "answers", ())
+        if self.metadata is None:
+            object.__setattr__(self, "metadata", {})
+        elif not isinstance(self.metadata, dict):
+            raise TypeError(f"Sample {self.id!r}: metadata must be a dict, got {type(self.metadata).__name__}")
         # a bare string would otherwise be taken for a sequence of one-character answers
         if isinstance(self.answers, str):
             raise TypeError(f"Sample {self.id!r}: answers must be a tuple of strings, got the string "

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import re
 import string
+import unicodedata
 from collections import Counter
 from collections.abc import Callable, Sequence
 
@@ -49,7 +50,9 @@ _YES_NO = frozenset({"yes", "no", "noanswer"})
 def normalize_answer(text: str | None) -> str:
     """SQuAD answer normalisation.
 
-    Lower-case, delete ASCII punctuation, replace the whole words a/an/the by a space, collapse whitespace.
+    Unicode NFC first (``Cafe\u0301`` and ``Café`` are one answer; the SQuAD script compares code points, a fix
+    here), then lower-case, delete ASCII punctuation, replace the whole words a/an/the by a space, collapse
+    whitespace.
 
     Args:
         text: the raw answer (``None`` is treated as "").
@@ -61,7 +64,7 @@ def normalize_answer(text: str | None) -> str:
     """
     if not text:
         return ""
-    text = text.lower().translate(_PUNCTUATION)
+    text = unicodedata.normalize("NFC", text).lower().translate(_PUNCTUATION)
     text = _ARTICLES.sub(" ", text)
     return " ".join(text.split())
 
@@ -71,7 +74,7 @@ def normalize_keep_articles(text: str | None) -> str:
     whitespace. Used for gold answers that consist of articles only (see the module docstring)."""
     if not text:
         return ""
-    return " ".join(text.lower().translate(_PUNCTUATION).split())
+    return " ".join(unicodedata.normalize("NFC", text).lower().translate(_PUNCTUATION).split())
 
 
 def _normalized_pair(prediction: str | None, answer: str) -> tuple[str, str, bool]:
@@ -191,9 +194,10 @@ def ruler_clean_prediction(prediction: str | None) -> str:
     prediction (our ``n_empty``).
 
     Source: NVIDIA RULER ``scripts/eval/evaluate.py`` (``postprocess_pred``), applied to every prediction
-    before ``string_match_all`` / ``string_match_part``.
+    before ``string_match_all`` / ``string_match_part``; Unicode NFC is ours (gold strings get it too), so one
+    text in two encodings matches.
     """
-    return _CONTROL_CHARS.sub("\n", (prediction or "").strip()).strip()
+    return unicodedata.normalize("NFC", _CONTROL_CHARS.sub("\n", (prediction or "").strip()).strip())
 
 
 @VERIFIERS.register("string_match_all")
@@ -207,7 +211,7 @@ def string_match_all(prediction: str, answers: Sequence[str]) -> float:
     if not golds:
         return 0.0
     pred = ruler_clean_prediction(prediction).lower()
-    return sum(g.lower() in pred for g in golds) / len(golds)
+    return sum(unicodedata.normalize("NFC", g).lower() in pred for g in golds) / len(golds)
 
 
 @VERIFIERS.register("string_match_part")
@@ -218,7 +222,7 @@ def string_match_part(prediction: str, answers: Sequence[str]) -> float:
     Source: NVIDIA RULER ``eval/synthetic/constants.py``; ruler-tasks.md (qa tasks).
     """
     pred = ruler_clean_prediction(prediction).lower()
-    return float(any(g.lower() in pred for g in _as_list(answers)))
+    return float(any(unicodedata.normalize("NFC", g).lower() in pred for g in _as_list(answers)))
 
 
 @VERIFIERS.register("strict_boxed")

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from memagent.agent.loop import AgentConfig, MemoryAgent, prune_trace, trace_rows, write_trace
-from memagent.agent.prompts import DEFAULT_TEMPLATES
+from memagent.agent.prompts import DEFAULT_TEMPLATES, PromptTemplates
 from memagent.backends.scripted import ScriptedBackend
 from memagent.errors import BackendError, ConfigError
 from memagent.types import Sample
@@ -269,6 +269,16 @@ def test_server_backend_failures_are_recorded_per_sample():
     assert a.ok and not bb.ok and bb.error.startswith("b/chunk0")
 
 
+def test_a_failed_request_while_the_next_chunk_is_cut_is_recorded():
+    """A server-style backend: the next chunk is cut in the background while a request is out. When that request
+    fails, the document's length is counted after the cut ends (the stream read from two threads raised
+    'generator already executing' and sank the run)."""
+    b = ScriptedBackend(fail=lambda r: r.request_id == "s/chunk0", batched=False)
+    for _ in range(3):  # the cut of a 200K-token chunk outlasts the instant failure
+        traj = MemoryAgent(b, AgentConfig(chunk_tokens=200_000)).answer("q?", "word " * 200_000, sample_id="s")
+        assert not traj.ok and traj.error.startswith("s/chunk0") and traj.document_tokens == 1_000_000
+
+
 def test_budget_error_suggests_chunk_and_memory_bounds_and_n_ctx():
     b = ScriptedBackend(context_tokens=2048)
     agent = _agent(b, chunk_tokens=1000, memory_tokens=600, final_tokens=100)
@@ -374,3 +384,37 @@ def test_cjk_text_at_tiny_chunk_sizes_sends_no_empty_section():
                     for call in backend.calls for r in call if "<section>" in r.messages[-1].content]
         assert len(sections) == len(doc) and all(sections) and "".join(sections) == doc
         assert traj.ok and len(traj.turns) == len(doc) + 1
+
+
+def test_templates_and_tokenizer_are_checked_when_the_agent_is_built_and_reassigning_settings_rederives():
+    """A wrong templates or tokenizer argument is named at construction (it failed at the first call with an
+    AttributeError); assigning other templates or settings recomputes the budgets and sampling options."""
+    import dataclasses
+
+    b = ScriptedBackend(context_tokens=8192)
+    assert MemoryAgent(b, templates="chunk_first").templates == PromptTemplates.from_file("chunk_first")  # a built-in name
+    with pytest.raises(TypeError, match=r"templates must be PromptTemplates .or a built-in name or YAML file., got dict"):
+        MemoryAgent(b, templates={"update": "x"})
+    with pytest.raises(TypeError, match=r"tokenizer must be a tokenizer object .with encode. or a spec such as 'bytes'"):
+        MemoryAgent(b, tokenizer=5)
+    agent = MemoryAgent(b, AgentConfig(chunk_tokens=1000, memory_tokens=100, final_tokens=100))
+    agent.check_budget("q")
+    agent.templates = dataclasses.replace(DEFAULT_TEMPLATES, update=DEFAULT_TEMPLATES.update + "x" * 8000)
+    with pytest.raises(ConfigError, match="context window"):  # measured again, not the first templates' size
+        agent.check_budget("q")
+    agent.config = AgentConfig(repetition_penalty=1.2)
+    assert agent._sampling == {"repetition_penalty": 1.2}
+    with pytest.raises(TypeError, match="MemoryAgent.config must be an AgentConfig, got dict"):
+        agent.config = {"chunk_tokens": 5}
+
+
+def test_sample_none_fields_and_a_path_for_templates():
+    from pathlib import Path
+
+    s = Sample("a", "q", "c", answers=None, metadata=None)  # as "answers": null / "metadata": null read from a file
+    assert s.answers == () and s.metadata == {} and s.to_dict()["metadata"] == {}
+    with pytest.raises(TypeError, match="Sample 'a': metadata must be a dict, got list"):
+        Sample("a", "q", "c", metadata=[1])
+    assert AgentConfig(templates=Path("t.yaml")).templates == "t.yaml"
+    with pytest.raises(ConfigError, match="templates is an empty string"):
+        AgentConfig(templates="")

@@ -125,3 +125,18 @@ def test_answer_labels_small_instruct_models_write(text, answer):
                                   "The answers differ by source.", "My reply: Paris"])
 def test_text_that_only_mentions_an_answer_stays_raw(text):
     assert extract_answer(text).method == "raw"
+
+
+def test_boxed_text_parts_and_literal_braces():
+    """Each \\text{...} of a box is unwrapped with its braces matched (a greedy pattern returned 'New} \\text{York'),
+    and LaTeX's literal braces \\{ \\} do not close the box."""
+    from memagent.answers import extract_answer
+    from memagent.scoring import score
+
+    cases = {r"\boxed{\text{New} \text{York}}": "New York", r"\boxed{\text{A}, \text{B}}": "A, B",
+             r"\boxed{\text{Paris}}": "Paris", r"\boxed{\textbf{a {b} c}}": "a {b} c", r"\boxed{\}}": r"\}",
+             r"\boxed{\{1, 2\}}": r"\{1, 2\}", r"\boxed{\frac{1}{2}}": r"\frac{1}{2}", r"\boxed{\mathrm{kg}} m": "kg"}
+    for text, answer in cases.items():
+        assert (extract_answer(text).answer, extract_answer(text).method) == (answer, "boxed"), text
+    assert score("exact_match", r"\boxed{\text{New} \text{York}}", ["New York"]) == 1.0
+    assert extract_answer(r"\boxed{\text{cut off").method == "raw"  # never closed: not a box

@@ -281,3 +281,14 @@ def test_json_lines_from_stdin_and_from_a_pipe(tmp_path, monkeypatch):
         assert [s.id for s in read_samples(fifo)] == ["a", "b"]
     finally:
         writer.wait(timeout=10)
+
+
+def test_a_sample_that_cannot_be_written_leaves_no_temporary_file(tmp_path):
+    from memagent.errors import DataError
+    from memagent.types import Sample
+
+    for bad, message in (([Sample("a", "q", "c", metadata={"s": {1}})], "not JSON serializable"),
+                         ([{"id": "a"}], r"samples\[0\] is a dict, not a Sample")):
+        with pytest.raises(DataError, match=message):
+            write_samples(tmp_path / "x.jsonl", bad)
+        assert list(tmp_path.iterdir()) == []  # neither the file nor x.jsonl.tmp

@@ -331,3 +331,9 @@ def test_no_plot_removes_an_earlier_plot(tmp_path, capsys):
                                        "this summary (--no-plot draws none)\n")
     write_report([tmp_path / "r"], plot=False)  # nothing to remove: nothing said
     assert capsys.readouterr().err == ""
+
+
+def test_one_run_folder_may_be_given_alone(tmp_path):
+    _write_run(tmp_path / "run2", [_row("m", "t", 8, "a", 1.0)], "run2")
+    written = write_report(str(tmp_path / "run2"), plot=False)  # a string, not a list of its characters
+    assert tmp_path / "run2" / "summary.md" in written

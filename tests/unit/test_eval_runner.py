@@ -105,6 +105,12 @@ def test_a_grids_scripted_backend_fails_the_requests_its_yaml_names(tmp_path):
     for bad, message in (("(", r"fail '\(' is not a regular expression"), ("", "fail must be a regular expression")):
         with pytest.raises(ConfigError, match=message):
             ScriptedBackend(fail=bad)
+    with pytest.raises(ConfigError, match=r"replies must be a list of reply texts, got 'abc' \(one reply: \['text'\]\)"):
+        ScriptedBackend(replies="abc")  # not three replies 'a', 'b', 'c'
+    with pytest.raises(ConfigError, match="batched must be true or false, got 'no'"):
+        ScriptedBackend(batched="no")
+    rows = read_results(EvalRunner(_config(tmp_path, backend={"name": "scripted"})).run(only_methods="direct"))
+    assert {r["method"] for r in rows} == {"direct", "memagent"}  # one name, not the letters d, i, r, e, c, t
 
 
 class Killed(BaseException):

@@ -248,3 +248,14 @@ def test_a_prediction_of_control_characters_counts_as_empty():
              "score": 0.0, "scores": {}} for s, a in (("a", "\x00\x1f"), ("b", " x "), ("c", "\t\n"))]
     (cell,) = summarize(rows)
     assert cell.n_empty == 2
+
+
+def test_one_text_in_two_unicode_encodings_is_one_answer_and_a_lone_gold_string_is_one_answer():
+    from memagent.scoring import score
+
+    nfd = "Cafe\u0301"  # "Café" with a combining accent: canonically the same text
+    for metric in ("exact_match", "sub_em", "f1", "string_match_all", "string_match_part"):
+        assert score(metric, "Café", [nfd]) == 1.0 and score(metric, nfd, ["Café"]) == 1.0, metric
+    # a bare string is one gold answer (it was split into characters: exact_match("Paris", "Paris") scored 0)
+    assert [score(m, "Paris", "Paris") for m in ("exact_match", "f1", "string_match_all")] == [1.0, 1.0, 1.0]
+    assert score("exact_match", "P", "Paris") == 0.0

@@ -12,6 +12,7 @@ refuses it). Adding such a setting takes one field here and one entry in that ta
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +61,11 @@ class AgentConfig:
                                 cli=False)
 
     def __post_init__(self):
+        if isinstance(self.templates, os.PathLike):  # a pathlib.Path, as PromptTemplates.from_file takes it
+            object.__setattr__(self, "templates", os.fspath(self.templates))
+        if self.templates == "":
+            raise ConfigError("templates is an empty string: give a YAML file or a built-in name, or None for the "
+                              "built-in default")
         coerce_fields(self)
         if self.max_context_tokens is not None and self.max_context_tokens < 2:
             raise ConfigError(f"max_context_tokens must be >= 2 or None, got {self.max_context_tokens}")

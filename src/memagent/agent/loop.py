@@ -25,6 +25,7 @@ tokens must fit the backend's context window, for the update and for the final c
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
@@ -37,6 +38,7 @@ from typing import Any
 
 from memagent.agent.budget import CLI_SETTING_NAMES, budget_fixes
 from memagent.agent.config import AgentConfig
+from memagent.agent.progress import Bars
 from memagent.agent.prompts import DEFAULT_TEMPLATES, PromptTemplates
 from memagent.answers import extract_answer, strip_reasoning
 from memagent.backends.base import DEFAULT_CHAT_OVERHEAD_TOKENS, Backend
@@ -71,6 +73,9 @@ class _State:
 
     @property
     def document_tokens(self) -> int:
+        if self.prefetched is not None:  # the next chunk is being cut in the background: the stream is not
+            fut, self.prefetched = self.prefetched, None  # to be read from two threads at once
+            fut.result()
         return self.chunks.count_rest()
 
 
@@ -115,20 +120,48 @@ class MemoryAgent:
                             "AgentConfig(chunk_tokens=..., memory_tokens=...)")
         if isinstance(tokenizer, str):  # a spec, as --tokenizer takes it ("bytes", "smollm2", a tokenizer.json)
             tokenizer = load_tokenizer(tokenizer)
+        if isinstance(templates, (str, os.PathLike)):  # a built-in name or a YAML file, as AgentConfig.templates
+            templates = PromptTemplates.from_file(templates)
+        if templates is not None and not isinstance(templates, PromptTemplates):
+            raise TypeError(f"MemoryAgent: templates must be PromptTemplates (or a built-in name or YAML file), got "
+                            f"{type(templates).__name__}; write PromptTemplates.from_file(...)")
         self.backend = backend
         self.keep_token_ids = keep_token_ids
-        self.config = config or AgentConfig()
+        self.config = config or AgentConfig()  # the setters below also derive the sampling options and budgets
         if templates is None:
             templates = PromptTemplates.from_file(self.config.templates) if self.config.templates else DEFAULT_TEMPLATES
         self.templates = templates
-        self._sampling = self.config.sampling_options()
         self.tokenizer = tokenizer or getattr(backend, "tokenizer", None)
         if self.tokenizer is None:
             raise ConfigError(
                 f"backend {backend.name!r} has no tokenizer: pass one (e.g. --tokenizer path/to/tokenizer.json) so "
                 "chunks and budgets can be counted in the model's tokens"
             )
-        self._fixed: dict[str, int] = {}
+        if not callable(getattr(self.tokenizer, "encode", None)):
+            raise TypeError(f"MemoryAgent: tokenizer must be a tokenizer object (with encode) or a spec such as "
+                            f"'bytes' or 'smollm2', got {type(self.tokenizer).__name__} {self.tokenizer!r:.60}")
+
+    @property
+    def config(self) -> AgentConfig:
+        """The agent's settings; assigning another AgentConfig recomputes what was derived from it."""
+        return self._config
+
+    @config.setter
+    def config(self, value: AgentConfig) -> None:
+        if not isinstance(value, AgentConfig):
+            raise TypeError(f"MemoryAgent.config must be an AgentConfig, got {type(value).__name__}")
+        self._config, self._sampling, self._fixed = value, value.sampling_options(), {}
+
+    @property
+    def templates(self) -> PromptTemplates:
+        """The prompt templates; assigning others re-measures the budgets' fixed prompt tokens."""
+        return self._templates
+
+    @templates.setter
+    def templates(self, value: PromptTemplates) -> None:
+        if not isinstance(value, PromptTemplates):
+            raise TypeError(f"MemoryAgent.templates must be PromptTemplates, got {type(value).__name__}")
+        self._templates, self._fixed = value, {}
 
     # ----------------------------------------------------------------------------------------- budgets
     def _prompt_tokens(self, messages: Sequence[Message]) -> int:
@@ -306,7 +339,7 @@ class MemoryAgent:
         if len(set(ids)) != len(ids):  # ids key requests, their seeds and the traces
             dup = next(i for i in ids if ids.count(i) > 1)
             raise ConfigError(f"sample id {dup!r} appears more than once; give each sample its own id")
-        bars = _Bars(len(samples)) if progress else None
+        bars = Bars(len(samples)) if progress else None
         run = self._run_lockstep if getattr(self.backend, "batched", True) else self._run_pipelined
         try:
             return run(samples, on_result, on_turn, bars)
@@ -361,7 +394,6 @@ class MemoryAgent:
         back only its own sample (the server batches whatever is in flight). Samples in flight: the backend's
         ``concurrency`` when it has one, else ``batch_size``. An exception in one sample (e.g. every server down)
         stops the others before their next call and starts no new sample; it is then raised."""
-        import os
         from concurrent.futures import ThreadPoolExecutor
 
         lock = threading.Lock()  # callbacks and progress bars are called one at a time
@@ -465,29 +497,3 @@ def _with_seconds(c: Completion, seconds: float) -> Completion:
     from dataclasses import replace
 
     return replace(c, seconds=seconds)
-
-
-class _Bars:
-    """Two tqdm bars: samples finished, and turns (one per chunk plus the final one) finished."""
-
-    def __init__(self, n_samples: int):
-        from tqdm.auto import tqdm
-
-        self.samples = tqdm(total=n_samples, desc="samples", unit="sample", position=0)
-        self.turns = tqdm(total=0, desc="turns", unit="turn", position=1)
-
-    def add_turns(self, n: int) -> None:
-        self.turns.total += n
-        self.turns.refresh()
-
-    def turn_done(self) -> None:
-        self.turns.update(1)
-
-    def sample_done(self, skipped_turns: int) -> None:
-        if skipped_turns:  # a failed sample does not run its remaining turns
-            self.turns.total -= skipped_turns
-        self.samples.update(1)
-
-    def close(self) -> None:
-        self.turns.close()
-        self.samples.close()

@@ -79,6 +79,11 @@ class ScriptedBackend:
         tokenizer: Tokenizer | str | None = None,
         batched: bool = True,
     ):
+        if isinstance(replies, str) or (replies is not None and not all(isinstance(r, str) for r in replies)):
+            raise ConfigError(f"scripted backend: replies must be a list of reply texts, got {replies!r:.60} (one "
+                              "reply: ['text'])")
+        if not isinstance(batched, bool):
+            raise ConfigError(f"scripted backend: batched must be true or false, got {batched!r}")
         self.responder = responder or default_responder
         self._replies = list(replies) if replies is not None else None
         self.fail = _fail_predicate(fail)

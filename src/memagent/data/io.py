@@ -276,11 +276,27 @@ def _tmp(path: Path) -> Path:
 
 
 def write_records(path: str | os.PathLike, records: Iterable[dict[str, Any]]) -> None:
-    """Write plain records as JSONL / JSON / parquet (by extension), atomically."""
+    """Write plain records as JSONL / JSON / parquet (by extension), atomically.
+
+    Raises:
+        DataError: a record holds something JSON cannot (a set, an object); the file is left as it was.
+    """
     p = Path(path)
     fmt = _format(p)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = _tmp(p)
+    try:
+        _write_to(tmp, fmt, records)
+    except BaseException as e:  # a record that cannot be written: no half-written temporary file is left
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, (TypeError, ValueError, AttributeError)):
+            raise DataError(f"cannot write {p}: {e} (every field must be JSON data: strings, numbers, lists, "
+                            "mappings)") from None
+        raise
+    os.replace(tmp, p)
+
+
+def _write_to(tmp: Path, fmt: str, records: Iterable[dict[str, Any]]) -> None:
     if fmt == ".jsonl":
         with open(tmp, "w", encoding="utf-8") as f:
             for r in records:
@@ -297,7 +313,6 @@ def write_records(path: str | os.PathLike, records: Iterable[dict[str, Any]]) ->
             if "metadata" in r:
                 r["metadata"] = json.dumps(r["metadata"], ensure_ascii=False)
         pq.write_table(pa.Table.from_pylist(rows), tmp)
-    os.replace(tmp, p)
 
 
 def write_samples(path: str | os.PathLike, samples: Iterable[Sample]) -> None:
@@ -305,4 +320,11 @@ def write_samples(path: str | os.PathLike, samples: Iterable[Sample]) -> None:
 
     In parquet, ``metadata`` is stored as a JSON string column (read back transparently).
     """
-    write_records(path, (s.to_dict() for s in samples))
+    def rows():
+        for k, s in enumerate(samples):
+            if not isinstance(s, Sample):
+                raise DataError(f"cannot write {path}: samples[{k}] is a {type(s).__name__}, not a Sample (a dict: "
+                                "convert it with memagent.data.schema.sample_from_dict)")
+            yield s.to_dict()
+
+    write_records(path, rows())

@@ -241,7 +241,7 @@ def write_report(run_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLi
     """Write ``summary.csv``, ``summary.md``, ``accuracy.png`` and ``report.html`` for one or more runs.
 
     Args:
-        run_dirs: run folders (each with ``results.jsonl``).
+        run_dirs: run folders (each with ``results.jsonl``); one folder may be given alone.
         out_dir: where to write (default: the run folder when there is one; required for several, so that a
             comparison never replaces a run's own summary). A folder that holds another eval run (its
             ``results.jsonl`` or ``manifest.json``) is refused unless it is the one run reported.
@@ -259,6 +259,8 @@ def write_report(run_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLi
             outside [0, 1], a cell mixing settings), or several runs without ``out_dir`` or with one of them as
             ``out_dir``, an ``out_dir`` that holds another run, or an output folder that cannot be written.
     """
+    if isinstance(run_dirs, (str, os.PathLike)):  # one folder, not a list of its characters
+        run_dirs = [run_dirs]
     if not run_dirs:
         raise DataError("give at least one run folder")
     if out_dir is None and len(run_dirs) > 1:

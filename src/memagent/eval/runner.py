@@ -189,6 +189,8 @@ class EvalRunner(RunFolder):
             raise ConfigError(f"run folder {str(self.run_dir)!r} {problem}: give a folder with --output")
         selected = self._select(only)
         names = [m.name for m in self.config.methods]
+        if isinstance(only_methods, str):  # one method's name, not a list of its letters
+            only_methods = [only_methods]
         if only_methods is not None:
             unknown = [m for m in only_methods if m not in names]
             if unknown or not only_methods:
