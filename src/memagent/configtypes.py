@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import types
 import typing
 from collections.abc import Callable
@@ -60,6 +61,8 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(f"{key} must be true or false, got {value!r}")
         return value
     if tp is int:
+        if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
+            value = int(value)  # numpy's integers and the like: whole numbers, kept as Python ints
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{key} must be an integer, got {value!r}")
         return value
@@ -96,6 +99,8 @@ def finite_number(value: Any, key: str) -> float:
         ConfigError: ``key must be a number`` (a bool, a string, None ...) or ``key must be a finite number``
             (NaN, +-inf, an integer too large for a float).
     """
+    if isinstance(value, numbers.Real) and not isinstance(value, (bool, int, float)):
+        value = float(value)  # numpy's floats and integers
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{key} must be a number, got {value!r}")
     try:

@@ -418,3 +418,14 @@ def test_sample_none_fields_and_a_path_for_templates():
     assert AgentConfig(templates=Path("t.yaml")).templates == "t.yaml"
     with pytest.raises(ConfigError, match="templates is an empty string"):
         AgentConfig(templates="")
+
+
+def test_numpy_numbers_are_taken_as_python_numbers():
+    np = pytest.importorskip("numpy")
+    c = AgentConfig(chunk_tokens=np.int64(512), temperature=np.float32(0.5))
+    assert (c.chunk_tokens, type(c.chunk_tokens), c.temperature, type(c.temperature)) == (512, int, 0.5, float)
+    for bad, message in ((dict(chunk_tokens=np.float64(5.0)), "chunk_tokens must be an integer"),
+                         (dict(chunk_tokens=np.bool_(True)), "chunk_tokens must be an integer"),
+                         (dict(temperature=np.float64("nan")), "temperature must be a finite number")):
+        with pytest.raises(ConfigError, match=message):
+            AgentConfig(**bad)
