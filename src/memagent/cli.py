@@ -36,7 +36,23 @@ def _open_backend(options, check_reachable: bool = True):
     from memagent.tokenization import load_tokenizer
 
     tok = load_tokenizer(options.tokenizer) if options.tokenizer else None
-    return open_backend(options.settings(), tok, check_reachable=check_reachable)
+    b, tok = open_backend(options.settings(), tok, check_reachable=check_reachable)
+    if options.tokenizer and options.backend in ("hf", "vllm", "llamacpp", "llamacpp-batch") \
+            and not _same_vocabulary(getattr(b, "tokenizer", None), tok):
+        typer.secho(f"warning: --tokenizer {options.tokenizer} is not the model's own tokenizer: chunks and memory are "
+                    "counted in its tokens while the model's window counts the model's, so a chunk may not fit at run "
+                    "time; leave --tokenizer out for an in-process model", fg="yellow", err=True)
+    return b, tok
+
+
+def _same_vocabulary(own, given) -> bool:
+    """Whether ``--tokenizer`` is the in-process model's own (by name; every SmolLM2-135M-Instruct file shares one
+    vocabulary)."""
+    from memagent.embedded import is_smollm2_name
+
+    a, b = getattr(own, "name", None), getattr(given, "name", None)
+    return own is None or own is given or a == b or (isinstance(a, str) and isinstance(b, str)
+                                                     and is_smollm2_name(os.path.basename(a)) and is_smollm2_name(os.path.basename(b)))
 
 
 def _fail(e: Exception) -> None:
@@ -60,18 +76,19 @@ def _read_document(document: str, allow_binary: bool = False):
 def _run_settings(b, agent, lora_path: str | None = None) -> dict:
     """What a prediction depends on (besides the sample): recorded in every row, compared by ``--resume``.
 
-    A model file (the llama.cpp backends) and a LoRA adapter enter by the sha256 of their bytes
-    (``model_sha256``, ``lora_sha256``): the backend's name gives only the model's file name and the adapter's
-    path as typed, so other weights under the same name are refused on resume, and the same adapter reached by
-    another spelling (``./a.gguf``, an absolute path, the policy's name) is accepted.
+    A model (the llama.cpp backends' GGUF, the hf backend's folder or GGUF) and a LoRA adapter enter by the
+    sha256 of their bytes (``model_sha256``, ``lora_sha256``; :func:`memagent.hashing.model_sha256`): the
+    backend's name gives only the model's file or folder name and the adapter's path as typed, so other weights
+    under the same name are refused on resume, and the same files reached by another spelling (``./a.gguf``, an
+    absolute path, the policy's name) are accepted.
     """
-    from memagent.hashing import file_sha256
+    from memagent.hashing import model_sha256
     from memagent.policies import adapter_sha256
 
     adapter = adapter_sha256(lora_path)
     name = b.name.split("+lora:")[0] + "+lora" if adapter else b.name
-    model_file = getattr(b, "model_path", None)
-    model = file_sha256(model_file) if isinstance(model_file, str) and os.path.isfile(model_file) else None
+    model_file = getattr(b, "model_path", None)  # a GGUF (llamacpp) or an HF folder or GGUF (hf)
+    model = model_sha256(model_file) if isinstance(model_file, str) else None
     return {"backend": name, **agent.config.prediction_settings(), "templates": agent.templates.hash,
             "tokenizer": getattr(agent.tokenizer, "name", type(agent.tokenizer).__name__),
             **({"model_sha256": model} if model else {}), **({"lora_sha256": adapter} if adapter else {})}

@@ -115,6 +115,63 @@ def test_load_from_directory_and_errors(tmp_path, tiny):
         HFBackend(str(tmp_path / "m"), dtype="float16")
 
 
+def test_a_broken_model_folder_and_bad_settings_are_named(tmp_path, monkeypatch):
+    """A folder transformers cannot load is a ConfigError naming it (it was a 145-line traceback and exit 1);
+    `~` is the home folder; settings of the wrong type are refused before the first call."""
+    import shutil
+
+    save_tiny(tmp_path / "m")
+    cases = {"empty": [], "no_tokenizer": ["config.json", "model.safetensors", "generation_config.json"],
+             "no_config": ["tokenizer.json", "tokenizer_config.json"]}
+    for name, keep in cases.items():
+        (tmp_path / name).mkdir()
+        for f in keep:
+            shutil.copy(tmp_path / "m" / f, tmp_path / name / f)
+    with pytest.raises(ConfigError, match=r"model folder '.*empty' lacks config.json and tokenizer files"):
+        HFBackend(str(tmp_path / "empty"))
+    with pytest.raises(ConfigError, match=r"model folder '.*no_tokenizer' lacks tokenizer files"):
+        HFBackend(str(tmp_path / "no_tokenizer"))
+    with pytest.raises(ConfigError, match=r"model folder '.*no_config' lacks config.json;"):
+        HFBackend(str(tmp_path / "no_config"))
+    shutil.copytree(tmp_path / "m", tmp_path / "torn")
+    (tmp_path / "torn" / "model.safetensors").write_bytes((tmp_path / "m" / "model.safetensors").read_bytes()[:1000])
+    with pytest.raises(ConfigError, match=r"cannot load the model at '.*torn' \(\w+: .*\); check that its files are complete"):
+        HFBackend(str(tmp_path / "torn"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert HFBackend("~/m", dtype="float32").model_path == str(tmp_path / "m")
+    for kw, message in ((dict(max_batch_size=2.0), "max_batch_size must be a whole number, got 2.0"),
+                        (dict(seed="x"), "seed must be a whole number"),
+                        (dict(tokenizer="bytes"), "tokenizer 'bytes' is a name")):
+        with pytest.raises(ConfigError, match=message):
+            HFBackend(str(tmp_path / "m"), **kw)
+    with pytest.raises(ConfigError, match="hf backend: give the model"):
+        HFBackend(None)
+
+
+def test_rows_record_the_model_by_its_files_so_resume_refuses_other_weights(tmp_path):
+    """`run --resume` compares the model folder's files (weights, config, tokenizer) by sha256, not its name."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from memagent.cli import app
+
+    save_tiny(tmp_path / "a" / "tiny")
+    other = tmp_path / "b" / "tiny"
+    save_tiny(other)
+    (other / "config.json").write_text((other / "config.json").read_text().replace('"rms_norm_eps"', '"use_cache": true, "rms_norm_eps"'))
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"id": f"s{i}", "question": "q?", "context": "fox " * 30})
+                                               + "\n" for i in range(2)))
+    base = ["run", "--backend", "hf", "--input", str(tmp_path / "in.jsonl"), "--chunk-tokens", "60", "--memory-tokens", "4",
+            "--final-tokens", "4", "-o", str(tmp_path / "p.jsonl")]
+    r = CliRunner().invoke(app, [*base, "--model", str(tmp_path / "a" / "tiny")])
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(x) for x in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert len(rows[0]["settings"]["model_sha256"]) == 64
+    r = CliRunner().invoke(app, [*base, "--model", str(other), "--resume"])
+    assert r.exit_code == 2 and "model_sha256" in r.output, r.output
+
+
 @pytest.mark.slow
 def test_smollm2_gguf_loads_dense_and_trainable():
     from memagent.backends.hf import load_hf_model
@@ -163,3 +220,9 @@ def test_only_the_requests_sampling_settings_apply(tiny):
         model.generation_config = own
     assert model.generation_config is own
     assert greedy.token_ids == backend.generate([Request((Message("user", "the fox"),), 12, 0.0, 1.0, None, "g")])[0].token_ids
+
+
+def test_a_window_beyond_the_models_positions_is_warned_about(tiny):
+    model, tok = tiny
+    with pytest.warns(UserWarning, match=r"a window of 100000 tokens \(--n-ctx\) is larger than the model's 4096 positions"):
+        HFBackend(model, tok, context_tokens=100000)

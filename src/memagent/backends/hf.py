@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 import zlib
 from collections.abc import Sequence
 from typing import Any
@@ -47,27 +48,41 @@ def load_hf_model(path: str | os.PathLike, dtype: str = "bfloat16") -> tuple[Any
         ``(model, tokenizer)`` (transformers objects); the model is in eval mode.
 
     Raises:
-        ConfigError: path missing, or unknown dtype.
+        ConfigError: path missing, a folder without config.json or tokenizer files, files transformers cannot load
+            (truncated, corrupt, not a model), or unknown dtype.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch_dtype = _torch_dtype(dtype)
-    p = os.fspath(path)
+    p = os.path.expanduser(os.fspath(path))
     if p.endswith(".gguf"):
         if not os.path.isfile(p):
             raise ConfigError(f"GGUF file not found: {p!r}")
-        d, name = os.path.dirname(os.path.abspath(p)), os.path.basename(p)
-        tok = AutoTokenizer.from_pretrained(d, gguf_file=name)
-        model = AutoModelForCausalLM.from_pretrained(d, gguf_file=name, dtype=torch_dtype, **_dense_gguf(name))
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
     elif os.path.isdir(p):
-        tok = AutoTokenizer.from_pretrained(p)
-        model = AutoModelForCausalLM.from_pretrained(p, dtype=torch_dtype)
+        missing = [what for what, names in (("config.json", ("config.json",)),
+                                            ("tokenizer files", ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")))
+                   if not any(os.path.isfile(os.path.join(p, n)) for n in names)]
+        if missing:
+            raise ConfigError(f"hf backend: model folder {p!r} lacks {' and '.join(missing)}; give a folder saved by "
+                              "save_pretrained (model and tokenizer), or a .gguf file")
     else:
         raise ConfigError(f"model path {p!r} is neither a model directory nor a .gguf file")
+    try:
+        if p.endswith(".gguf"):
+            d, name = os.path.dirname(os.path.abspath(p)), os.path.basename(p)
+            tok = AutoTokenizer.from_pretrained(d, gguf_file=name)
+            model = AutoModelForCausalLM.from_pretrained(d, gguf_file=name, dtype=torch_dtype, **_dense_gguf(name))
+            model.hf_quantizer = None
+            if hasattr(model.config, "quantization_config"):
+                del model.config.quantization_config
+        else:
+            tok = AutoTokenizer.from_pretrained(p)
+            model = AutoModelForCausalLM.from_pretrained(p, dtype=torch_dtype)
+    except Exception as e:  # a truncated or corrupt file, an unknown architecture: what transformers says, named
+        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+        raise ConfigError(f"hf backend: cannot load the model at {p!r} ({type(e).__name__}: {first}); check that its "
+                          "files are complete (config.json, weights, tokenizer)") from e
     model.eval()
     return model, tok
 
@@ -120,7 +135,8 @@ class ChatTokens:
     def __init__(self, tokenizer: Any, name: str, model_eos: Any = None):
         if not getattr(tokenizer, "chat_template", None):
             raise ConfigError(
-                "the tokenizer has no chat template (a base model?); set tokenizer.chat_template to a Jinja template"
+                f"the tokenizer of {name!r} has no chat template (a base model?): add chat_template.jinja to the model "
+                "folder (or chat_template in its tokenizer_config.json), or set tokenizer.chat_template from Python"
             )
         from tokenizers import Tokenizer as _Raw
 
@@ -168,11 +184,11 @@ class ChatTokens:
         try:
             ids = self.prompt_ids(request.messages)
         except Exception as e:  # noqa: BLE001
-            return [], Completion("", "error", error=f"{request.request_id}: {e}")
+            return [], Completion("", "error", error=f"[request {request.request_id}] {e}")
         if context_tokens and len(ids) + request.max_tokens > context_tokens:
             return ids, Completion(
                 "", "error", usage=Usage(len(ids), 0),
-                error=f"{request.request_id}: prompt {len(ids)} + max_tokens {request.max_tokens} tokens exceed "
+                error=f"[request {request.request_id}] prompt {len(ids)} + max_tokens {request.max_tokens} tokens exceed "
                 f"the context window of {context_tokens} tokens",
             )
         return ids, None
@@ -227,17 +243,33 @@ class HFBackend(ChatTokens):
         seed: int = 0,
     ):
         name = "model"
+        self.model_path: str | None = None  # the folder or .gguf loaded (its files' hash identifies the weights)
+        if model is None:
+            raise ConfigError("hf backend: give the model (an HF model folder or a .gguf file; --model, or model: in "
+                              "a grid's backend)")
         if isinstance(model, (str, os.PathLike)):
-            name = os.path.basename(os.fspath(model).rstrip("/"))
+            self.model_path = os.path.abspath(os.path.expanduser(os.fspath(model)))
+            name = os.path.basename(self.model_path.rstrip("/"))
             model, loaded_tok = load_hf_model(model, dtype)
             tokenizer = tokenizer or loaded_tok
         if tokenizer is None:
             raise ConfigError("HFBackend needs the model's tokenizer when given a model object: pass tokenizer=")
+        if isinstance(tokenizer, str):
+            raise ConfigError(f"hf backend: tokenizer {tokenizer!r} is a name; the hf backend uses the model folder's "
+                              "own tokenizer (leave tokenizer out of backend:, or give a loaded tokenizer from Python)")
+        for knob, value in (("max_batch_size", max_batch_size), ("seed", seed)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"hf backend: {knob} must be a whole number, got {value!r}")
         if max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.model = model
         self.max_batch_size = max_batch_size
-        self.context_tokens = check_context_tokens(context_tokens, "hf") or getattr(model.config, "max_position_embeddings", None)
+        positions = getattr(model.config, "max_position_embeddings", None)
+        self.context_tokens = check_context_tokens(context_tokens, "hf") or positions
+        if isinstance(positions, int) and self.context_tokens > positions:
+            warnings.warn(f"hf backend: a window of {self.context_tokens} tokens (--n-ctx) is larger than the model's "
+                          f"{positions} positions (max_position_embeddings); prompts past them are out of its training "
+                          "range", stacklevel=2)
         self.seed = seed
         self.name = f"hf:{name}"
         ChatTokens.__init__(self, tokenizer, name, getattr(model.generation_config, "eos_token_id", None))
@@ -267,7 +299,7 @@ class HFBackend(ChatTokens):
                 try:
                     comps = self._generate_batch(reqs, [ids for _, ids in part], temperature, top_p, dict(extra))
                 except Exception as e:  # noqa: BLE001 - reported per request, never raised for one batch
-                    comps = [Completion("", "error", error=f"{r.request_id}: {type(e).__name__}: {e}") for r in reqs]
+                    comps = [Completion("", "error", error=f"[request {r.request_id}] {type(e).__name__}: {e}") for r in reqs]
                 for (i, _), c in zip(part, comps):
                     out[i] = c
         return [c for c in out if c is not None]

@@ -185,7 +185,7 @@ class VLLMBackend(ChatTokens):
                 )
             except Exception as e:  # noqa: BLE001 - reported per request
                 for i, _ in todo:
-                    out[i] = Completion("", "error", error=f"{requests[i].request_id}: {type(e).__name__}: {e}")
+                    out[i] = Completion("", "error", error=f"[request {requests[i].request_id}] {type(e).__name__}: {e}")
                 return [c for c in out if c is not None]
             seconds = (time.perf_counter() - t0) / len(todo)
             for (i, ids), res in zip(todo, results):

@@ -341,7 +341,8 @@ class EvalConfig:
 
         A LoRA adapter (backend ``lora_path``: a file or a packaged policy's name) enters by its path and, when
         the file exists, by the sha256 of its bytes: an adapter retrained under the same path or policy name
-        makes a new hash, so its rows are never mixed with the old adapter's.
+        makes a new hash, so its rows are never mixed with the old adapter's. An hf backend's model folder enters
+        by its files' sha256 too (:func:`memagent.hashing.model_sha256`).
 
         Transport settings (:data:`TRANSPORT_KEYS`: server URLs, requests in flight, timeouts, retries, the key's
         variable, CPU threads) change how fast answers come, not which, and stay out of the hash: a run resumes
@@ -353,6 +354,12 @@ class EvalConfig:
         adapter = adapter_sha256(backend.get("lora_path"))
         if adapter is not None:
             parts.append({"lora_sha256": adapter})
+        if backend.get("name") == "hf" and isinstance(backend.get("model"), str):  # a folder retrained in place
+            from memagent.hashing import model_sha256
+
+            model = model_sha256(backend["model"])
+            if model is not None:
+                parts.append({"model_sha256": model})
         return settings_hash(parts)
 
 
