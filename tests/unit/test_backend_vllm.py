@@ -135,7 +135,7 @@ def test_too_long_prompt_is_an_error_row_and_others_still_run(fake_vllm, tiny, m
     b = backend_with(tok, llm, model_dir, context_tokens=40)
     long, short = req("word " * 60, "long", max_tokens=4), req("hi", "short", max_tokens=4)
     out = b.generate([long, short])
-    assert out[0].finish_reason == "error" and out[0].error.startswith("long: prompt ")
+    assert out[0].finish_reason == "error" and out[0].error.startswith("[request long] prompt ")
     assert "context window of 40 tokens" in out[0].error
     assert out[1].token_ids == (5,)
     assert len(llm.calls[0][0]) == 1  # the engine never saw the long prompt
@@ -146,7 +146,7 @@ def test_engine_failure_becomes_error_completions(fake_vllm, tiny, model_dir):
     b = backend_with(tok, FakeLLM(fail=RuntimeError("CUDA out of memory")), model_dir)
     out = b.generate([req("a", "x/0"), req("b", "x/1")])
     assert [c.finish_reason for c in out] == ["error", "error"]
-    assert out[1].error == "x/1: RuntimeError: CUDA out of memory"
+    assert out[1].error == "[request x/1] RuntimeError: CUDA out of memory"
 
 
 def test_load_weights_reloads_in_place_and_clears_the_prefix_cache(fake_vllm, tiny, model_dir):
