@@ -225,7 +225,9 @@ class HFBackend(ChatTokens):
         max_batch_size: most requests per ``generate`` call.
         context_tokens: context window; default the model's ``max_position_embeddings``.
         seed: base seed for sampling; each batch is seeded from it and its requests' seeds and ids, so the
-            same batch samples the same tokens again (the global torch RNG is left untouched).
+            same batch samples the same tokens again (the global torch RNG is left untouched). Sampled (not
+            greedy) answers therefore depend on which requests share a batch (``batch_size``, a resumed run),
+            unlike llamacpp-batch and vllm, which seed each request; greedy answers do not.
 
     Raises:
         ConfigError: no tokenizer, or the tokenizer has no chat template.
