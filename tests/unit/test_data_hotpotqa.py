@@ -147,12 +147,13 @@ def test_a_size_that_cannot_be_built_writes_nothing(data_root, tmp_path):
     from memagent.tokenization import ByteTokenizer
 
     with pytest.raises(DataError, match=r"question 0 at --tokens 2048: the question's own documents alone take ~(\d+) "
-                                        r"tokens, over the budget of 2048: give a target length above \d+ tokens") as e:
+                                        r"tokens, over the 2048 tokens left for documents \(the prompt around them takes "
+                                        r"0\): give a target length at least \d+ tokens longer") as e:
         build_hotpotqa(tmp_path / "out", ByteTokenizer(), num_docs=[10], target_tokens=[2048], num_samples=1, data_root=data_root)
     import re
 
-    est, above = map(int, re.search(r"take ~(\d+) .* above (\d+) tokens", str(e.value)).groups())
-    assert est == above > 2048
+    est, short = map(int, re.search(r"take ~(\d+) .* at least (\d+) tokens longer", str(e.value)).groups())
+    assert est - 2048 == short > 0
     assert not (tmp_path / "out").exists()
 
 

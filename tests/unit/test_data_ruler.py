@@ -229,3 +229,19 @@ def test_a_killed_builds_staging_folder_is_removed_by_the_next_build(tmp_path):
         live.kill()
         live.wait()
     assert remove_stale_stages(tmp_path) == [tmp_path / f".building-{live.pid}"]
+
+
+def test_qa_prefix_manifest_haystack_and_a_length_that_is_too_short(tmp_path, data_root):
+    """qa's answer prefix is RULER's " Answer:"; a manifest names the haystack its samples used (noise for
+    niah_single_1 and vt, whatever --haystack says); a qa length too short names how much longer it must be, and
+    that much more builds."""
+    build_ruler(tmp_path / "h", ["niah_single_1", "niah_single_2"], [2048], ByteTokenizer(), num_samples=1,
+                haystack="gutenberg", data_root=data_root)
+    kinds = {t: json.loads((tmp_path / "h" / f"{t}_2048.manifest.json").read_text())["haystack"]
+             for t in ("niah_single_1", "niah_single_2")}
+    assert kinds == {"niah_single_1": "noise", "niah_single_2": "gutenberg"}
+    with pytest.raises(DataError, match=r"give a target length at least (\d+) tokens longer") as e:
+        build_ruler_sample("qa_2", 2048, 0, ByteTokenizer(), data_root=data_root)
+    more = int(re.search(r"at least (\d+) tokens longer", str(e.value)).group(1))
+    s = build_ruler_sample("qa_2", 2048 + more + 64, 0, ByteTokenizer(), data_root=data_root)
+    assert s.metadata["answer_prefix"] == " Answer:" and s.answers

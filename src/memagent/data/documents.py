@@ -227,7 +227,7 @@ def fit_documents(
     chosen: list[str] = []
     est = sum(doc_cost(d) for d in own)
     if est - header > target + tol:
-        raise DataError(_too_short(f"~{est}", target))
+        raise DataError(_too_short(f"~{est}", target, fixed_tokens))
     nxt = 0
     docs, _ = _shuffle_with_own(own, [], rng)
     shrinking = False
@@ -241,7 +241,7 @@ def fit_documents(
             excess = exact - target
             removed = _remove_last_added(chosen, docs, excess, doc_cost)
             if removed < excess:
-                raise DataError(_too_short(str(exact - removed), target))
+                raise DataError(_too_short(str(exact - removed), target, fixed_tokens))
             shrinking = True  # from now on only remove, so the loop cannot oscillate
             continue
         exhausted = nxt >= len(candidates)
@@ -259,8 +259,11 @@ def fit_documents(
     raise DataError(f"could not fit documents to {budget_tokens} tokens (tokenizer {tokenizer.name!r})")
 
 
-def _too_short(own_tokens: str, target: int) -> str:
+def _too_short(own_tokens: str, target: int, fixed_tokens: int) -> str:
     """The error for a target length below what the question's own documents take (``own_tokens``: a count,
-    ``~``-prefixed when estimated)."""
-    return (f"the question's own documents alone take {own_tokens} tokens, over the budget of {target}: give a "
-            f"target length above {own_tokens.lstrip('~')} tokens")
+    ``~``-prefixed when estimated; ``target``: the tokens left for documents after the ``fixed_tokens`` of the
+    prompt around them)."""
+    short = int(own_tokens.lstrip("~")) - target
+    return (f"the question's own documents alone take {own_tokens} tokens, over the {target} tokens left for "
+            f"documents (the prompt around them takes {fixed_tokens}): give a target length at least {short} tokens "
+            "longer")

@@ -119,7 +119,8 @@ def _build_into(stage: Path, tasks, lengths, tokenizer, num_samples, seed, hayst
                     "num_samples": len(samples),
                     "seed": seed,
                     "tokenizer": tokenizer.name,
-                    "haystack": haystack,
+                    # what the samples used (a task whose haystack is noise or needles keeps it under --haystack)
+                    "haystack": _haystacks(samples) or haystack,
                     "metric": RULER_METRIC[task],
                     "input_tokens": token_stats([s.metadata["length_tokens"] for s in samples]),
                     "build_seconds": round(seconds, 3),
@@ -127,3 +128,9 @@ def _build_into(stage: Path, tasks, lengths, tokenizer, num_samples, seed, hayst
             )
             written.append(path.name)
     return written
+
+
+def _haystacks(samples) -> str | None:
+    """The haystack the samples record (``essay``, ``gutenberg``, ``noise`` ...; several joined by ``,``)."""
+    kinds = sorted({str(s.metadata["haystack"]) for s in samples if s.metadata.get("haystack")})
+    return ",".join(kinds) or None

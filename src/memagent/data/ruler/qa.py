@@ -65,7 +65,7 @@ def build_qa(task: str, length: int, index: int, tokenizer: Tokenizer, seed: int
         fixed += tokens - budget  # joins tokenized differently: shrink and refit
     else:
         raise DataError(f"{task}: could not fit sample {index} into {length} tokens")
-    prompt = RulerPrompt(f"Answer the question based on the given documents.\n\nQuestion: {question}", prefix, ctx.context, suffix, tuple(answers), "Answer:")
+    prompt = RulerPrompt(f"Answer the question based on the given documents.\n\nQuestion: {question}", prefix, ctx.context, suffix, tuple(answers), " Answer:")
     return to_sample(
         task, length, index, prompt, tokens, tokenizer, seed, "qa",
         source=f"{pool.name}:{qid}", num_docs=len(ctx.docs), own_positions=list(ctx.own_positions),
