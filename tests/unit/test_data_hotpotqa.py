@@ -125,6 +125,7 @@ def test_real_dev_subset(data_root, gguf_tokenizer, tmp_path):
     assert manifest["pool_size"] == 19033 and manifest["num_samples"] == 3 and manifest["num_docs"] == 20
     ref = json.loads((tmp_path / "eval_20.json").read_text())
     assert [r["num_docs"] for r in ref] == [20, 20, 20] and set(ref[0]) == {"context", "input", "answers", "num_docs", "index"}
+    assert [r["index"] for r in ref] == [0, 1, 2]  # the reference's int (the dev index), not the string "0"
 
 
 def test_malformed_hotpotqa_files_are_named(tmp_path):

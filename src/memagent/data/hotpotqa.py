@@ -265,7 +265,8 @@ def build_hotpotqa(
         written.append(path)
         if reference_format and kind == "docs":
             rows = [
-                {"context": s.context, "input": s.question, "answers": list(s.answers), "num_docs": size, "index": r.id}
+                {"context": s.context, "input": s.question, "answers": list(s.answers), "num_docs": size,
+                 "index": int(r.id) if r.id.isdigit() else r.id}  # the reference's int: the dev index
                 for s, r in zip(samples, chosen)
             ]
             write_records(out / f"eval_{size}.json", rows)
