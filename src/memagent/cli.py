@@ -17,7 +17,7 @@ import typer
 
 from memagent.backends.factory import open_backend
 from memagent.errors import MemagentError
-from memagent.options import agent_group, backend_group, with_settings
+from memagent.options import agent_group, backend_group, refuse_unused_backend_options, with_settings
 from memagent.runfiles.outputs import check_not_overwriting, check_paths, file_option, open_for_writing
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="MemAgent: answer questions over documents of any length.")
@@ -35,6 +35,7 @@ def _open_backend(options, check_reachable: bool = True):
     server is checked to be reachable before anything runs."""
     from memagent.tokenization import load_tokenizer
 
+    refuse_unused_backend_options(options.backend)
     tok = load_tokenizer(options.tokenizer) if options.tokenizer else None
     b, tok = open_backend(options.settings(), tok, check_reachable=check_reachable)
     if options.tokenizer and options.backend in ("hf", "vllm", "llamacpp", "llamacpp-batch") \

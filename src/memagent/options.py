@@ -35,6 +35,25 @@ def given_options() -> frozenset[str]:
     return _GIVEN.get()
 
 
+#: Backend options that have a default and apply to one backend only: given explicitly for another, they would be
+#: silently ignored (those without a default, such as --threads, are refused by the backend's settings).
+SERVER_ONLY_OPTIONS = {"concurrency": "--concurrency", "api_key_env": "--api-key-env"}
+
+
+def refuse_unused_backend_options(backend: str) -> None:
+    """Refuse ``--concurrency`` or ``--api-key-env`` given explicitly with a backend other than ``openai``.
+
+    Raises:
+        ConfigError: naming the option and the backend it applies to.
+    """
+    from memagent.errors import ConfigError
+
+    for field, flag in SERVER_ONLY_OPTIONS.items():
+        if field in given_options() and backend != "openai":
+            raise ConfigError(f"{flag} is not used by --backend {backend}; it applies to server requests "
+                              "(--backend openai)")
+
+
 @dataclasses.dataclass(frozen=True)
 class Group:
     """The options of one settings class, handed to the command as one object.

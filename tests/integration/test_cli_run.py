@@ -204,6 +204,10 @@ def test_a_run_that_cannot_start_leaves_outputs_alone(tmp_path):
         assert r.exit_code == 2, r.output
         assert out.read_text() == before  # refused before the file was opened
     assert "--model is not used by --backend scripted" in r.output
+    for flag, value in (("--concurrency", "256"), ("--api-key-env", "OPENAI_API_KEY")):  # even at their defaults
+        r = _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted", "--overwrite", flag, value)
+        assert r.exit_code == 2 and f"{flag} is not used by --backend scripted; it applies to server requests" in r.output
+        assert out.read_text() == before
 
 
 def test_an_output_holding_rows_is_replaced_only_with_overwrite_and_resumed_only_over_the_same_samples(tmp_path):

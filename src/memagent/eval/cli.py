@@ -9,7 +9,7 @@ import typer
 
 from memagent.configtypes import parse_ints
 from memagent.errors import MemagentError
-from memagent.options import agent_group, backend_group, with_settings
+from memagent.options import agent_group, backend_group, refuse_unused_backend_options, with_settings
 
 #: ``--max-new-tokens``'s default (the direct baseline's answer cap).
 MAX_NEW_TOKENS_DEFAULT = 256
@@ -51,6 +51,7 @@ def _flags_config(tasks: str, lengths: str | None, methods: str, samples: int, o
     unused = _flags_of_absent_kind({m["kind"] for m in method_list}, agent, max_input_tokens, max_new_tokens)
     if unused:
         typer.secho(unused, fg="yellow", err=True)
+    refuse_unused_backend_options(backend.backend)
     backend_cfg = backend.settings()
     names = [t.strip() for t in tasks.split(",") if t.strip()]
     if "hotpotqa" in names and len(names) > 1:
