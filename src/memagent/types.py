@@ -69,6 +69,11 @@ class Sample:
         if not all(isinstance(a, str) for a in self.answers):
             raise TypeError(f"Sample {self.id!r}: answers must be strings, got {list(self.answers)!r}")
 
+    @property
+    def has_gold_answer(self) -> bool:
+        """Whether some gold answer is not blank (``[""]`` scores 0 under every metric, and gives no reward)."""
+        return any(a.strip() for a in self.answers)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id,

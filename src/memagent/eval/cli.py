@@ -78,12 +78,11 @@ def _flags_of_absent_kind(kinds: set[str], agent, max_input_tokens: int | None, 
     """A warning for flags that only a method kind the grid lacks would use (``--methods direct --chunk-tokens
     100``), else None. Not an error: the same command line run with fewer ``--methods`` (a grid in pieces) is a
     normal way to continue a run."""
-    from memagent.agent.config import AgentConfig
-    from memagent.eval.grid import AGENT_ONLY
+    from memagent.eval.grid import agent_only_settings_given
 
     unused = []
     if "memory_agent" not in kinds:
-        unused += [f"--{k.replace('_', '-')}" for k in AGENT_ONLY if getattr(agent, k) != getattr(AgentConfig(), k)]
+        unused += [f"--{k.replace('_', '-')}" for k in agent_only_settings_given(agent)]
     if "direct" not in kinds:
         unused += (["--max-input-tokens"] if max_input_tokens is not None else []) + \
             (["--max-new-tokens"] if max_new_tokens != MAX_NEW_TOKENS_DEFAULT else [])

@@ -62,6 +62,13 @@ RECORD_KEYS = ("name", "kind", "chunk_tokens", "memory_tokens", "final_tokens", 
 AGENT_ONLY = ("chunk_tokens", "memory_tokens", "final_tokens", "max_context_tokens", "templates", "slack_tokens")
 DIRECT_ONLY = ("max_input_tokens", "max_new_tokens")
 
+
+def agent_only_settings_given(agent: AgentConfig) -> list[str]:
+    """The memory-agent-only settings (:data:`AGENT_ONLY`) that ``agent`` sets off their defaults: what a
+    ``direct`` method would ignore (one left at its default cannot be told from an unset one, and changes nothing)."""
+    default = AgentConfig()
+    return [k for k in AGENT_ONLY if getattr(agent, k) != getattr(default, k)]
+
 #: Backend settings that are not part of a method's hash (:meth:`EvalConfig.method_hash`).
 #: The scripted backend's ``fail`` (injected failures) is among them: it decides which requests fail, never what a
 #: successful one answers, and failed rows are rerun by ``--retry-errors``.
@@ -99,13 +106,11 @@ class MethodConfig:
             raise ConfigError(f"method {self.name!r}: max_new_tokens must be >= 1")
         if "name" in self.backend and not isinstance(self.backend["name"], str):
             raise ConfigError(f"method {self.name!r}: backend name must be a string")
-        # a setting of the other kind would be ignored, as a typo would: refuse it (one left at its default cannot be
-        # told from an unset one, and changes nothing)
-        defaults = MethodConfig.__dataclass_fields__
+        # a setting of the other kind would be ignored, as a typo would: refuse it
         if self.kind == "direct":
-            unused = [k for k in AGENT_ONLY if getattr(self.agent, k) != getattr(AgentConfig(), k)]
+            unused = agent_only_settings_given(self.agent)
         else:
-            unused = [k for k in DIRECT_ONLY if getattr(self, k) != defaults[k].default]
+            unused = [k for k in DIRECT_ONLY if getattr(self, k) != MethodConfig.__dataclass_fields__[k].default]
         if unused:
             other = "memory_agent" if self.kind == "direct" else "direct"
             raise ConfigError(f"method {self.name!r} (kind {self.kind}): {', '.join(unused)} "
@@ -387,9 +392,10 @@ def _repeated(names: list[str]) -> str | None:
     ``["a", "A"]`` -> ``"'a' and 'A'"``), else None: names become file names, which such names would share."""
     seen: dict[str, str] = {}
     for n in names:
-        if name_key(n) in seen:
-            return same_name_text(seen[name_key(n)], n)
-        seen[name_key(n)] = n
+        key = name_key(n)
+        if key in seen:
+            return same_name_text(seen[key], n)
+        seen[key] = n
     return None
 
 

@@ -319,7 +319,7 @@ class EvalRunner(RunFolder):
             if writer is not None:
                 self._check_unchanged(writer, task, length, samples)
             n = len(samples)
-            unanswered = [s.id for s in samples if not any(a.strip() for a in s.answers)]  # [""] scores 0 too
+            unanswered = [s.id for s in samples if not s.has_gold_answer]
             if unanswered:
                 where = f" ({task.files[length]})" if length in task.files else ""
                 raise DataError(f"task {task.name!r} length {length}{where}: {len(unanswered)} of {n} samples have no "

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
@@ -12,7 +10,7 @@ from typing import Any
 from memagent.errors import DataError, MemagentError
 from memagent.runfiles.jsonl import complete_lines, dumps, parse_line, rewrite
 from memagent.runfiles.resume import describe, setting_changes
-from memagent.runfiles.rows import row_sample_id
+from memagent.runfiles.rows import row_sample_id, sample_sha256
 from memagent.types import Sample
 
 
@@ -20,9 +18,7 @@ def input_sha256(sample: Sample) -> str | None:
     """The sha256 of what a prediction answered: the sample's question and context (text contexts only;
     ``None`` for a document read from a file or stream). Recorded in every ``memagent run`` row as
     ``input_sha256``, so that ``--resume`` does not keep the answer to a question or document since changed."""
-    if not isinstance(sample.context, str):
-        return None
-    return hashlib.sha256(json.dumps([sample.question, sample.context]).encode("utf-8")).hexdigest()
+    return sample_sha256(sample, with_answers=False)  # a prediction does not depend on the gold answers
 
 
 def finished_ids(path: str | os.PathLike, sample_ids: Collection[str] | Mapping[str, str | None] | None = None) -> set[str]:

@@ -108,14 +108,15 @@ def result_row(sample: Sample, outcome: Outcome, *, cell: Mapping[str, Any] | No
     return row
 
 
-def sample_sha256(sample: Sample) -> str | None:
-    """The sha256 of what an eval row was computed from: the sample's question, context and gold answers (text
-    contexts only; ``None`` for a document read in pieces)."""
+def sample_sha256(sample: Sample, with_answers: bool = True) -> str | None:
+    """The sha256 of what a row was computed from: the sample's question, context and (``with_answers``: eval rows,
+    whose scores depend on them) gold answers; text contexts only, ``None`` for a document read in pieces."""
     import hashlib
 
     if not isinstance(sample.context, str):
         return None
-    return hashlib.sha256(json.dumps([sample.question, sample.context, list(sample.answers)]).encode("utf-8")).hexdigest()
+    parts = [sample.question, sample.context, *([list(sample.answers)] if with_answers else [])]
+    return hashlib.sha256(json.dumps(parts).encode("utf-8")).hexdigest()
 
 
 def row_sample_id(row: Mapping[str, Any]) -> str | None:

@@ -28,7 +28,7 @@ def check_gold(samples, where: str) -> None:
     Raises:
         DataError: naming the file and the first ids.
     """
-    missing = [s.id for s in samples if not any(a.strip() for a in s.answers)]  # [""] has no reward either
+    missing = [s.id for s in samples if not s.has_gold_answer]
     if missing:
         raise DataError(f"{len(missing)} of {len(samples)} samples in {where} have no gold answers (ids "
                         f"{', '.join(map(repr, missing[:5]))}{', ...' if len(missing) > 5 else ''}); the reward needs "

@@ -122,7 +122,7 @@ def collect_rollouts(agent, samples: Sequence[Sample], group_size: int, reward_f
         def reward_fn(response: str, answers: Sequence[str]) -> float:
             return score("strict_boxed", response, answers)
     for s in samples:
-        if not any(a.strip() for a in s.answers):
+        if not s.has_gold_answer:
             raise DataError(f"sample {s.id} has no gold answers; training needs them for the reward")
     t0 = time.perf_counter()
     repeated = repeat_samples(samples, group_size)
