@@ -170,6 +170,9 @@ def test_rows_record_the_model_by_its_files_so_resume_refuses_other_weights(tmp_
     assert len(rows[0]["settings"]["model_sha256"]) == 64
     r = CliRunner().invoke(app, [*base, "--model", str(other), "--resume"])
     assert r.exit_code == 2 and "model_sha256" in r.output, r.output
+    # chunks counted in another tokenizer than the model's own: warned about (the budget check cannot see it)
+    r = CliRunner().invoke(app, [*base[:-2], "-o", str(tmp_path / "q.jsonl"), "--model", str(other), "--tokenizer", "bytes"])
+    assert r.exit_code == 0 and "warning: --tokenizer bytes is not the model's own tokenizer" in " ".join(r.output.split())
 
 
 @pytest.mark.slow

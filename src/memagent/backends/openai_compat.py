@@ -437,15 +437,15 @@ class OpenAIBackend:
         if status != 200 or not check_model:
             return
         try:
-            listed = [e.get("id") for e in resp.json().get("data") or [] if isinstance(e, dict)]
+            entries = {e.get("id"): e for e in resp.json().get("data") or [] if isinstance(e, dict)}
         except (ValueError, AttributeError):
             return
-        if listed and self.model not in listed:
+        if entries and self.model not in entries:
+            listed = list(entries)
             shown = ", ".join(map(repr, listed[:8])) + (" ..." if len(listed) > 8 else "")
             raise BackendError(self._redact(f"{url} does not serve model {self.model!r} (it lists {shown}); give "
                                             "--model as the server names it (vLLM: --served-model-name)"))
-        window = next((e.get("max_model_len") for e in resp.json().get("data") or []
-                       if isinstance(e, dict) and e.get("id") == self.model), None)
+        window = entries.get(self.model, {}).get("max_model_len")
         if isinstance(window, int) and window > 0 and self.context_tokens is not None and self.context_tokens > window:
             raise BackendError(f"{url} serves {self.model!r} with a window of {window} tokens (max_model_len), "
                                f"smaller than the {self.context_tokens} assumed (--n-ctx): every budget was checked "

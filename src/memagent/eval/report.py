@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from memagent.errors import DataError
-from memagent.eval.metrics import CellSummary, length_label as _length_label, length_with_unit, read_results, summarize  # noqa: F401 - length_with_unit re-exported
+from memagent.eval.metrics import CellSummary, length_label, length_with_unit, read_results, summarize
 from memagent.eval.runner import read_manifest
 
 
@@ -170,7 +170,7 @@ def markdown_table(series: list[tuple[str, CellSummary]]) -> str:
                 row.append(txt)
             ctx = next((c.mean_context_tokens for lab, c in cells
                         if c.length == length and c.length_unit == unit and c.mean_context_tokens), None)
-            label = (_length_label(length, unit) if tokens_only else length_with_unit(length, unit)) + \
+            label = (length_label(length, unit) if tokens_only else length_with_unit(length, unit)) + \
                 (f" (~{ctx / 1000:.1f}K tok)" if unit == "docs" and ctx else "")
             out.append(f"| {label} | " + " | ".join(row) + " |")
         out.append("")
@@ -225,7 +225,7 @@ def accuracy_figure(series: list[tuple[str, CellSummary]]):
         ax.set_xticks(xs_all)
         ax.minorticks_off()
         ax.set_xlim(min(xs_all) / 1.6, max(xs_all) * 1.6)
-        ax.set_xticklabels([_length_label(x, unit).replace(" docs", "") for x in xs_all])
+        ax.set_xticklabels([length_label(x, unit).replace(" docs", "") for x in xs_all])
         ax.set_xlabel("documents" if unit == "docs" else "context length (tokens)")
         ax.set_ylabel(f"{cells[0][1].metric} (%)" if one_metric else "score (%, metric per line)")
         ax.set_ylim(-2, 102)
