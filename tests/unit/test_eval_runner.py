@@ -3,6 +3,7 @@
 import json
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -413,8 +414,19 @@ def test_grid_errors_and_shipped_configs(tmp_path):
     assert ok.tasks[0].metrics == ("string_match_part",) and ok.tasks[2].lengths == (8192, 4096, 16384)  # each once
     with pytest.raises(ConfigError, match=r"task 'vt': lengths \[8, 8\] name a length twice"):
         TaskConfig("vt", (8, 8))
+    # from Python the fields are checked and converted as the YAML's are (they were kept as given: "2K" or 2048.0
+    # failed at the first cell, 2048 alone was a TypeError)
+    t = TaskConfig("niah_single_2", "2K", samples=4, files={"4K": Path("a.jsonl")}, metrics="string_match_all")
+    assert (t.lengths, t.files, t.metrics) == ((2048,), {4096: "a.jsonl"}, ("string_match_all",))
+    assert TaskConfig("vt", [8, "16K"]).lengths == (8, 16384)
+    for kw, message in [({"lengths": (2048.0,)}, r"lengths: 2048\.0 is not a length"),
+                        ({"lengths": (True,)}, r"lengths: True is not a length"),
+                        ({"lengths": (2048, "2K")}, r"lengths \[2048, 2048\] name a length twice"),
+                        ({"lengths": (8,), "samples": "4"}, r"task 'vt': samples must be an integer, got '4'"),
+                        ({"lengths": (8,), "files": {"8": 5}}, r"task 'vt': files")]:
+        with pytest.raises(ConfigError, match=message):
+            TaskConfig("vt", **kw)
     assert ok.tasks[1].files == {2048: "/cfg/d/mine.jsonl", 4096: "/abs/x.jsonl"}  # relative to the config's folder
-    from pathlib import Path
 
     configs = sorted((Path(__file__).resolve().parents[2] / "configs").glob("eval_*.yaml"))
     assert configs

@@ -37,7 +37,7 @@ import yaml
 
 from memagent.agent.config import AgentConfig
 from memagent.agent.prompts import BUILTIN_TEMPLATES
-from memagent.configtypes import build_flat, check_sampling, coerce, flat, flat_dict, flat_names, parse_ints
+from memagent.configtypes import build_flat, check_sampling, coerce, coerce_fields, flat, flat_dict, flat_names, parse_ints
 from memagent.errors import ConfigError, closest
 from memagent.policies import adapter_sha256
 from memagent.runfiles.resume import settings_hash
@@ -152,6 +152,24 @@ class TaskConfig:
     keep_incomplete: bool = False
 
     def __post_init__(self):
+        if not isinstance(self.name, str):
+            raise ConfigError(f"task name must be a string, got {self.name!r}")
+        # from Python as from YAML: 8192, "8K", [8192, "16K"] (files keys too); then every field to its type
+        docs = self.name == "hotpotqa" and self.unit in ("docs", None)
+        given = self.lengths if isinstance(self.lengths, (list, tuple)) else [self.lengths]
+        lengths = tuple(n for x in given for n in _lengths(x, f"task {self.name!r}: lengths", suffix=not docs))
+        object.__setattr__(self, "lengths", lengths)
+        if isinstance(self.metrics, str):
+            object.__setattr__(self, "metrics", (self.metrics,))
+        if isinstance(self.files, dict):
+            files: dict[int, str] = {}
+            for k, v in self.files.items():
+                n = _lengths(k, f"task {self.name!r}: files", suffix=not docs)[0]
+                if n in files:
+                    raise ConfigError(f"task {self.name!r}: files: two keys name the length {n}; give each once")
+                files[n] = str(v) if isinstance(v, Path) else v
+            object.__setattr__(self, "files", files)
+        coerce_fields(self, f"task {self.name!r}: ")
         if not self.lengths:
             raise ConfigError(f"task {self.name!r}: give at least one length")
         if len(set(self.lengths)) != len(self.lengths):
