@@ -102,7 +102,7 @@ def _closing_brace(text: str, start: int) -> int | None:
     return None
 
 
-def _unwrap_text(boxed: str) -> str:
+def unwrap_text(boxed: str) -> str:
     """``\\text{New} \\text{York}`` -> ``New York``: every ``\\text{...}`` (``\\textbf``, ``\\mathrm``) replaced by
     its content, braces matched (a greedy pattern took ``New} \\text{York``)."""
     out, i = [], 0
@@ -134,7 +134,7 @@ def extract_answer(text: str) -> ExtractedAnswer:
     body = strip_reasoning(text or "")
     boxed = last_boxed(body)
     if boxed is not None:
-        return ExtractedAnswer(_unwrap_text(boxed).strip(), "boxed")
+        return ExtractedAnswer(unwrap_text(boxed).strip(), "boxed")
     ends = sorted({m.end() for p in (_ANSWER_IS, _LABEL) for m in p.finditer(body)})
     for end in reversed(ends):  # the last phrase or label with an answer after it
         ans = _text_after(body, end)

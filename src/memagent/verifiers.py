@@ -92,6 +92,12 @@ def _as_list(answers: Sequence[str] | str) -> list[str]:
     return [a for a in answers if a is not None]
 
 
+def _nonblank(answers: Sequence[str] | str) -> list[str]:
+    """The gold strings that are not blank: a blank one is contained in every prediction, so the RULER matches
+    (which count it as found, a reward floor for any answer) leave it out."""
+    return [a for a in _as_list(answers) if a.strip()]
+
+
 @VERIFIERS.register("exact_match")
 def exact_match(prediction: str, answers: Sequence[str]) -> float:
     """1.0 when the normalised prediction equals a normalised gold answer, else 0.0.
@@ -205,9 +211,12 @@ def string_match_all(prediction: str, answers: Sequence[str]) -> float:
     """RULER all-match: the share of gold strings found in the prediction (case-insensitive substring), after
     RULER's clean-up of the prediction (:func:`ruler_clean_prediction`).
 
+    Blank gold strings are left out (RULER counts one as found in any prediction: ``["2345678", ""]`` gave
+    ``"wrong"`` 0.5); with none left the score is 0.
+
     Source: NVIDIA RULER ``eval/synthetic/constants.py``; ruler-tasks.md (niah, vt, cwe, fwe).
     """
-    golds = _as_list(answers)
+    golds = _nonblank(answers)
     if not golds:
         return 0.0
     pred = ruler_clean_prediction(prediction).lower()
@@ -217,21 +226,23 @@ def string_match_all(prediction: str, answers: Sequence[str]) -> float:
 @VERIFIERS.register("string_match_part")
 def string_match_part(prediction: str, answers: Sequence[str]) -> float:
     """RULER part-match: 1.0 if any gold string occurs in the prediction (case-insensitive substring), after
-    RULER's clean-up of the prediction (:func:`ruler_clean_prediction`).
+    RULER's clean-up of the prediction (:func:`ruler_clean_prediction`). Blank gold strings are left out, as in
+    :func:`string_match_all`.
 
     Source: NVIDIA RULER ``eval/synthetic/constants.py``; ruler-tasks.md (qa tasks).
     """
     pred = ruler_clean_prediction(prediction).lower()
-    return float(any(unicodedata.normalize("NFC", g).lower() in pred for g in _as_list(answers)))
+    return float(any(unicodedata.normalize("NFC", g).lower() in pred for g in _nonblank(answers)))
 
 
 @VERIFIERS.register("strict_boxed")
 def strict_boxed_reward(response: str, answers: Sequence[str]) -> float:
     """The strict training reward: the last ``\\boxed{...}`` of the response equals a gold answer.
 
-    Equality is after :func:`normalize_answer`; a missing box or a box that normalises to "" scores 0.
-    The whole response is searched (the reference looks only at its last 300 characters, see
-    :func:`strict_boxed_reward_reference`).
+    Equality is after :func:`normalize_answer`, with ``\\text{...}`` (``\\textbf``, ``\\mathrm``) unwrapped as
+    :func:`memagent.answers.extract_answer` does (``\\boxed{\\text{Paris}}`` equals Paris; the reference scores it 0);
+    a missing box or a box that normalises to "" scores 0. The whole response is searched (the reference looks
+    only at its last 300 characters, see :func:`strict_boxed_reward_reference`).
 
     Args:
         response: the model's raw final response.
@@ -242,12 +253,12 @@ def strict_boxed_reward(response: str, answers: Sequence[str]) -> float:
 
     Source: reference doc section 4.9 (binary, strict reward from the last boxed answer).
     """
-    from memagent.answers import last_boxed
+    from memagent.answers import last_boxed, unwrap_text
 
     boxed = last_boxed(response or "")
     if boxed is None:
         return 0.0
-    return exact_match(boxed, answers)
+    return exact_match(unwrap_text(boxed), answers)
 
 
 # ----------------------------------------------------------------------------- reference compatibility
@@ -384,20 +395,26 @@ def answer_shape(answer: str) -> str | None:
 
 @VERIFIERS.register("string_match_guarded")
 def string_match_guarded(prediction: str, answers: Sequence[str]) -> float:
-    """RULER all-match that an answer listing extra candidates cannot game: the training reward for RULER tasks.
+    """RULER all-match that an answer listing extra candidates of the gold's kind cannot game: the RULER reward.
 
     A gold answer of a known kind (:func:`answer_shape`: 7-digit numbers, 5-letter variable names, UUIDs) counts as
     found only as a whole string of that kind (``12345678`` does not contain the number ``2345678``), and a
     prediction that names more distinct strings of a kind than there are gold answers of that kind scores 0,
     whatever it contains: "1234567, 2345678, 3456789" against the gold 2345678 scores 0, "The special magic
     number for drab-cheek is 2345678." scores 1. Free-text gold answers have no kind and are matched as in
-    :func:`string_match_all` (case-insensitive substring). The score is the share of gold answers found.
+    :func:`string_match_all` (case-insensitive substring), so the guard does not reach them: "Paris London Berlin"
+    against the gold Paris scores 1. The score is the share of distinct gold answers found (blank ones left out,
+    a repeated one counted once, so a repeat does not raise the number of candidates allowed).
+
+    Variable names are counted as upper-case words only: a five-letter word in lower or title case is ordinary
+    prose ("There", "magic"), so "XYZAB, Abcde, Qwert" against XYZAB scores 1, and a lower-case answer
+    ("xyzab") does not find the gold XYZAB. The RULER tasks the shipped policy trains on have number answers.
 
     Predictions get RULER's clean-up first (:func:`ruler_clean_prediction`).
 
     Source: memagent's own rule (issue 15: an answer that lists many candidates must not score); RULER's metric.
     """
-    golds = _as_list(answers)
+    golds = list(dict.fromkeys(unicodedata.normalize("NFC", g).strip() for g in _nonblank(answers)))
     if not golds:
         return 0.0
     pred = ruler_clean_prediction(prediction)

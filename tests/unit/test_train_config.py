@@ -88,6 +88,23 @@ def test_bfloat16_training_at_small_lr_warns():
         load_config("configs/train_needle_smollm2.yaml")
 
 
+def test_settings_that_defeat_the_kl_term_or_the_ratio_warn():
+    """k1 as a loss term has expected gradient 0 (memagent.rl.kl); LoRA dropout makes the update's log-probs differ
+    from the dropout-free old-policy pass, so with several mini-batches the ratio is not 1 on the first one."""
+    import warnings
+
+    with pytest.warns(UserWarning, match=r"rl.kl_type=k1 with rl.kl_coef > 0: .* expected gradient is 0"):
+        load_config(None, ["data.synthetic=needle", "rl.kl_type=k1"])
+    with pytest.warns(UserWarning, match=r"model.lora.dropout=0.1 with rl.mini_batches=2: .* the clip fires on it"):
+        load_config(None, ["data.synthetic=needle", "model.lora.enabled=true", "model.lora.dropout=0.1",
+                           "rl.mini_batches=2", "rl.group_size=2", "rl.prompts_per_step=1"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_config(None, ["data.synthetic=needle", "rl.kl_type=k1", "rl.kl_coef=0"])
+        load_config(None, ["data.synthetic=needle", "model.lora.enabled=true", "model.lora.dropout=0.1",
+                           "rl.mini_batches=1"])
+
+
 def test_empty_training_file_is_named(tmp_path):
     from memagent.errors import DataError
     from memagent.train.data import train_data as _train_data

@@ -118,6 +118,9 @@ def test_string_match_all_and_part():
     assert string_match_all("anything", []) == 0.0
     assert string_match_part("anything", []) == 0.0
     assert string_match_all(None, ["a"]) == 0.0
+    # a blank gold string is in every prediction: left out rather than counted as found (RULER gave "wrong" 0.5)
+    assert string_match_all("wrong", ["2345678", ""]) == 0.0 and string_match_all("2345678", ["2345678", " "]) == 1.0
+    assert string_match_all("wrong", [""]) == 0.0 and string_match_part("wrong", ["", "  "]) == 0.0
 
 
 def test_strict_boxed_reward():
@@ -129,6 +132,10 @@ def test_strict_boxed_reward():
     assert strict_boxed_reward("\\boxed{Paris, France}", ["Paris"]) == 0.0  # strict: no containment
     assert strict_boxed_reward("\\boxed{Paris", ["Paris"]) == 0.0  # unclosed box
     assert strict_boxed_reward("", ["Paris"]) == 0.0
+    # \text{} is unwrapped as the evaluation's answer extraction does (the reference scores these 0)
+    assert strict_boxed_reward("\\boxed{\\text{Paris}}", ["Paris"]) == 1.0
+    assert strict_boxed_reward("\\boxed{\\textbf{New} \\text{York}}", ["new york"]) == 1.0
+    assert strict_boxed_reward_reference("\\boxed{\\text{Paris}}", ["Paris"]) == 0.0
     # a box far from the end still counts here (not in the reference mode)
     far = "\\boxed{Paris}" + "x" * 400
     assert strict_boxed_reward(far, ["Paris"]) == 1.0
@@ -212,6 +219,12 @@ def test_registry():
     ("ABCDE FGHIJ", ["ABCDE", "FGHIJ", "KLMNO", "PQRST", "UVWXY"], 0.4),
     ("Paris, France", ["paris"], 1.0),                          # free text: RULER's substring rule
     ("", ["2345678"], 0.0),
+    ("wrong", ["2345678", ""], 0.0),                          # a blank gold is no reward floor
+    ("1111111 2345678", ["2345678", "2345678"], 0.0),          # a repeated gold allows no second candidate
+    ("It is 2345678.", ["2345678", "2345678"], 1.0),
+    ("Paris London Berlin Rome", ["Paris"], 1.0),               # free text: no kind, so no guard (documented)
+    ("XYZAB, Abcde, Qwert", ["XYZAB"], 1.0),                    # title-case words are prose, not counted
+    ("XYZAB ABCDE QWERT", ["XYZAB"], 0.0),
 ])
 def test_string_match_guarded(prediction, answers, score):
     from memagent.verifiers import get_verifier

@@ -7,6 +7,14 @@ With ``d = logp_ref - logp`` (log-probabilities of the sampled tokens, which wer
 - ``k3 = exp(d) - d - 1`` ("low_var_kl"): unbiased and always >= 0; the reference's choice. As in the
   reference, ``d`` is clamped to [-20, 20] before ``exp`` and the result to [-10, 10].
 
+These describe the estimate's value: k1 and k3 average to KL(policy || reference) over tokens drawn from the
+policy. As a loss term (the sampled tokens held fixed, as here and in the reference) their gradients differ:
+k1's expected gradient is 0 (it adds noise and no pull towards the reference), k2's is the gradient of
+KL(policy || reference), and k3's is the gradient of KL(reference || policy), the reverse direction (checked on a
+4-token categorical: k3 gave [0.0497, -0.1740, 0.1715, -0.0472] against KL(policy || reference)'s
+[0.0182, -0.1419, 0.1933, -0.0696]). Both k2 and k3 pull the policy towards the reference; k1 with
+``rl.kl_coef > 0`` does not, and the trainer warns about it.
+
 Source: reference-memagent.md §4.8 (KL loss); J. Schulman, "Approximating KL divergence" (2020).
 """
 

@@ -320,6 +320,15 @@ class TrainConfig:
             warnings.warn(
                 f"model.dtype=bfloat16 with optim.lr={o.lr:g}: bfloat16 parameters round away AdamW updates this "
                 "small (the policy barely changes); train with model.dtype=float32", stacklevel=2)
+        if loss.kl_type == "k1" and loss.kl_coef > 0:  # memagent.rl.kl: k1's expected gradient is 0
+            warnings.warn("rl.kl_type=k1 with rl.kl_coef > 0: as a loss term k1's expected gradient is 0, so it adds "
+                          "noise and no pull towards the reference model; use k3 (the reference's) or k2",
+                          stacklevel=2)
+        if self.model.lora.enabled and self.model.lora.dropout > 0 and rl.mini_batches > 1:
+            warnings.warn(f"model.lora.dropout={self.model.lora.dropout:g} with rl.mini_batches={rl.mini_batches}: the "
+                          "old policy's log-probabilities are taken without dropout and the update's with it, so the "
+                          "ratio differs from 1 by dropout noise alone and the clip fires on it; use dropout 0 (the "
+                          "presets') or one mini-batch", stacklevel=2)
 
 
     def _check_resume_changes(self) -> None:
