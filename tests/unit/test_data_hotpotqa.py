@@ -74,6 +74,32 @@ def test_determinism_and_per_sample_randomness():
     assert len(slots) == 10
 
 
+def test_a_near_duplicate_of_an_own_paragraph_is_never_a_distractor():
+    """The HotpotQA dev pool holds paragraph pairs that differ by a no-break space only ("888 7th Avenue"); the
+    second copy came back as a distractor beside the gold one at thousands of documents."""
+    recs = _records(n_questions=30)
+    own = recs[0].documents[0]  # "Title0-0\nSentence 0.0 about things. More text."
+    twin = own.replace(" about", "\u00a0about").replace(" More", "  More")
+    plain = build_pool(recs, "toy")
+    pool = build_pool([*recs, HotpotRecord("x", "q?", "a", (("Title0-0", twin.split("\n", 1)[1]),), frozenset())], "toy")
+    assert len(pool) == len(plain) + 1 and pool.near_duplicates([own]) == {pool.index_of(own), pool.index_of(twin)}
+    for seed in range(10):
+        s = build_sample(recs[0], pool, None, seed=seed, num_docs=len(pool) - 1)  # every paragraph but the twin
+        assert twin not in s.context and f"Document {len(pool) - 1}:" in s.context
+    with pytest.raises(DataError, match=r"only 116 paragraphs besides"):  # the twin does not count as one
+        build_sample(recs[0], pool, None, num_docs=len(pool))
+    # the twin is dropped after the shuffle: a sample that did not draw it, and any other question's, is unchanged
+    exact = DocumentPool.from_texts(pool.docs, "toy")
+    object.__setattr__(exact, "near_duplicates", lambda texts: set())  # the exact-text check alone, as before
+    changed = []
+    for seed in range(30):
+        for r in recs[:2]:
+            a, b = (build_sample(r, p, None, seed=seed, num_docs=30).context for p in (pool, exact))
+            assert (a != b) == (r is recs[0] and twin in b)
+            changed.append(a != b)
+    assert 0 < sum(changed) < 30
+
+
 def test_pool_too_small_and_reuse():
     recs = _records(n_questions=3)  # pool of 12, 4 own -> 8 distractors available
     pool = build_pool(recs, "toy")
@@ -182,6 +208,12 @@ def test_supporting_facts_in_the_hf_layout(tmp_path):
     p.write_text(json.dumps(rec) + "\n")
     (r,) = load_hotpotqa(p)
     assert r.gold_titles == {"A", "C"} and r.missing_gold == {"C"}
+    # the id seeds the sample's draws: HF's "id", else the place in the file, never the file's path
+    assert r.id == "0"
+    other = tmp_path / "elsewhere" / "dev.jsonl"
+    other.parent.mkdir()
+    other.write_text(json.dumps(dict(rec, id="5a8b57f25542995d1e6f1371")) + "\n" + json.dumps(rec) + "\n")
+    assert [x.id for x in load_hotpotqa(other)] == ["5a8b57f25542995d1e6f1371", "1"]
     rec["supporting_facts"] = [["A"]]
     p.write_text(json.dumps(rec) + "\n")
     with pytest.raises(DataError, match=r"dev.jsonl:1: field 'supporting_facts' must be"):

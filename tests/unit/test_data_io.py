@@ -88,6 +88,13 @@ def test_reference_layouts(tmp_path):
     ruler = {"index": 3, "input": "Find it.", "context": "hay", "outputs": ["1", "2"], "answer_prefix": "A:", "length": 8000}
     s = sample_from_reference(ruler, "f[0]")
     assert s.answers == ("1", "2") and s.metadata["reference_length_tokens"] == 8000
+    # a whole reference RULER file: written in chunks of 16 whose index restarts at 0, keyed by position
+    rows = [dict(ruler, index=i % 16, context=f"hay {k}") for k, i in enumerate(range(40))]
+    (tmp_path / "eval_niah_single_2_8192.json").write_text(json.dumps(rows))
+    got = read_samples(tmp_path / "eval_niah_single_2_8192.json")
+    assert [x.id for x in got] == [str(k) for k in range(40)] and got[17].context == "hay 17"
+    assert [x.metadata["index"] for x in got[14:18]] == [14, 15, 0, 1]
+    assert [x.id for x in read_samples(tmp_path / "eval_niah_single_2_8192.json", limit=3)] == ["0", "1", "2"]
 
     big = dict(hqa[0], context=[1, 2, 3])
     with pytest.raises(DataError, match=r"f\[0\]: field 'context' holds document indices"):

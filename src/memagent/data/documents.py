@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -41,6 +42,7 @@ class DocumentPool:
     docs: tuple[str, ...]
     name: str = ""
     _index: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
+    _near: dict[str, tuple[int, ...]] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def from_texts(cls, texts: Iterable[str], name: str = "") -> DocumentPool:
@@ -54,6 +56,24 @@ class DocumentPool:
 
     def index_of(self, doc: str) -> int | None:
         return self._index.get(doc)
+
+    def near_duplicates(self, texts: Iterable[str]) -> set[int]:
+        """Indices of the paragraphs equal to one of ``texts`` up to Unicode compatibility forms and whitespace
+        (:func:`near_key`): the HotpotQA dev pool holds pairs that differ only by a no-break space (U+00A0), so
+        an exact-text check let a question's own paragraph come back as a distractor at thousands of
+        documents."""
+        if not self._near and self.docs:
+            groups: dict[str, list[int]] = {}
+            for i, d in enumerate(self.docs):
+                groups.setdefault(near_key(d), []).append(i)
+            self._near.update({k: tuple(v) for k, v in groups.items()})
+        return {i for t in texts for i in self._near.get(near_key(t), ())}
+
+
+def near_key(text: str) -> str:
+    """``text`` in Unicode NFKC with every run of whitespace one space, stripped: two paragraphs with one key
+    are one paragraph to a reader."""
+    return " ".join(unicodedata.normalize("NFKC", text).split())
 
 
 @dataclass(frozen=True)
@@ -84,9 +104,13 @@ class DocumentContext:
 
 
 def _distractor_order(pool: DocumentPool, exclude: set[str], rng: random.Random) -> list[int]:
+    """The pool's paragraphs other than ``exclude``, in the sample's random order. Near-duplicates of an
+    excluded paragraph (:meth:`DocumentPool.near_duplicates`) are dropped after the shuffle, so every other
+    sample's draws stay as they were."""
     order = [i for i, d in enumerate(pool.docs) if d not in exclude]
     rng.shuffle(order)
-    return order
+    near = pool.near_duplicates(exclude)
+    return [i for i in order if i not in near] if near else order
 
 
 def _shuffle_with_own(own: Sequence[str], others: Sequence[str], rng: random.Random) -> tuple[list[str], tuple[int, ...]]:

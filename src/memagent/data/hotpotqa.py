@@ -68,7 +68,11 @@ def paragraph_document(title: str, text: str) -> str:
 
 
 def load_hotpotqa(path: str | os.PathLike) -> list[HotpotRecord]:
-    """Read a HotpotQA distractor file: the official JSON list or our JSONL subset (one record per line).
+    """Read a HotpotQA distractor file: the official JSON list, our JSONL subset (one record per line) or a
+    Hugging Face ``datasets`` export (``id``, ``context: {title, sentences}``).
+
+    A record's id (which seeds its sample's draws) is its ``dev_index``, ``_id`` or ``id``, else its place in
+    the file (0, 1, ...), never the file's path: the same records give the same samples wherever they lie.
 
     Raises:
         DataError: missing file, or a record without question/answer/context or with a question or answer
@@ -80,7 +84,7 @@ def load_hotpotqa(path: str | os.PathLike) -> list[HotpotRecord]:
     from memagent.data.io import iter_records
 
     out = []
-    for where, r in iter_records(p):  # invalid JSON or text is a DataError naming file and line
+    for n, (where, r) in enumerate(iter_records(p)):  # invalid JSON or text is a DataError naming file and line
         if not isinstance(r, dict):
             raise DataError(f"{where}: expected a HotpotQA record (a JSON object), got {type(r).__name__}")
         for key in ("question", "answer", "context"):
@@ -105,7 +109,7 @@ def load_hotpotqa(path: str | os.PathLike) -> list[HotpotRecord]:
         except (KeyError, TypeError, ValueError):
             raise DataError(f"{where}: field 'supporting_facts' must be [[title, sentence_id], ...] (or the HF layout "
                             "{title: [...], sent_id: [...]})") from None
-        rid = r.get("dev_index", r.get("_id", where))
+        rid = next((r[k] for k in ("dev_index", "_id", "id") if r.get(k) not in (None, "")), n)
         out.append(HotpotRecord(str(rid), r["question"], r["answer"], paras, gold))
     return out
 

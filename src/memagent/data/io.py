@@ -16,10 +16,11 @@ its byte-order mark (UTF-8, UTF-16, UTF-32) or as UTF-8, refusing a file that lo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -154,20 +155,32 @@ def read_samples(path: str | os.PathLike, limit: int | None = None) -> list[Samp
     Returns:
         The samples in file order.
 
+    A record of the reference's RULER layout (``eval_{task}_{len}.json``: ``input``, ``outputs``, ``index``)
+    gets its place in the file as its id (``"0"``, ``"1"``, ...; ``index`` stays in ``metadata``): the reference
+    writes such files in chunks of 16 whose ``index`` restarts at 0 (reference doc section 3.6), and keys
+    their items by position.
+
     Raises:
         DataError: unreadable file, malformed record (message names file, line and field), or duplicate ids.
     """
     out: list[Sample] = []
     seen: dict[str, str] = {}
-    for where, obj in iter_records(path):
+    for n, (where, obj) in enumerate(iter_records(path)):
         if limit is not None and len(out) >= limit:
             break
         s = sample_from_reference(obj, where)
+        if _ruler_reference_record(obj):
+            s = dataclasses.replace(s, id=str(n))
         if s.id in seen:
             raise DataError(f"{where}: duplicate sample id {s.id!r} (first at {seen[s.id]}); ids must be unique")
         seen[s.id] = where
         out.append(s)
     return out
+
+
+def _ruler_reference_record(obj: Any) -> bool:
+    """Whether ``obj`` is a record of the reference's RULER files (not one of our samples)."""
+    return isinstance(obj, Mapping) and "outputs" in obj and "input" in obj and "id" not in obj and "question" not in obj
 
 
 #: Byte-order marks and the codec that reads text starting with each (UTF-32 before UTF-16: FF FE 00 00 is both).
