@@ -731,6 +731,16 @@ def test_file_cells_are_checked_before_any_row(tmp_path):
     logs = []
     EvalRunner(replace(cfg, tasks=(replace(task, samples=5),)), backend=ScriptedBackend(responder=responder), log=logs.append).run()
     assert logs.count("warning: task 'toy' length 100: 4 samples, fewer than samples: 5") == 1
+    assert not any("were built for" in line for line in logs)  # the toy samples record no size
+    # a file whose samples say they were built for another size than its key: the summary would mislabel them
+    sized = tmp_path / "sized.jsonl"
+    write_samples(sized, [Sample(f"s{k}", "Q?", "doc", ("a",), {"target_tokens": t}) for k, t in enumerate((300, 300, 8192))])
+    logs = []
+    EvalRunner(replace(cfg, output=str(tmp_path / "run2"), tasks=(replace(task, lengths=(100,), files={100: str(sized)}),)),
+               backend=ScriptedBackend(responder=responder), log=logs.append).run()
+    assert [line for line in logs if "were built for" in line] == [
+        f"warning: task 'toy' length 100: the samples of {sized} were built for target_tokens 300, 8192, so the "
+        "summary labels them 100 tokens while they are not; give the file under the length it was built for"]
 
 
 def test_bad_run_folders_are_named(tmp_path):

@@ -328,6 +328,19 @@ class EvalRunner(RunFolder):
                                 "without scoring)")
             if n < task.samples:
                 self.log(f"warning: task {task.name!r} length {length}: {n} samples, fewer than samples: {task.samples}")
+            if length in task.files:
+                self._check_label(task, length, samples)
+
+    def _check_label(self, task: TaskConfig, length: int, samples: list[Sample]) -> None:
+        """Warn when a ``files:`` cell's samples say they were built for another size than its key (memagent's
+        builders record ``num_docs`` and ``target_tokens``): the summary and plot would show them at the key."""
+        key = "num_docs" if task.length_unit == "docs" else "target_tokens"
+        built = sorted({v for s in samples if isinstance(v := s.metadata.get(key), int) and not isinstance(v, bool)})
+        if built and built != [length]:
+            unit = "documents" if key == "num_docs" else "tokens"
+            self.log(f"warning: task {task.name!r} length {length}: the samples of {task.files[length]} were built "
+                     f"for {key} {', '.join(map(str, built))}, so the summary labels them {length} {unit} while they "
+                     f"are not; give the file under the length it was built for")
 
     def _check_unchanged(self, writer: ResultWriter, task: TaskConfig, length: int, samples: list[Sample]) -> None:
         """Refuse a cell whose sample now reads differently from the one a row was made from."""
