@@ -32,7 +32,7 @@ def test_jsonl_errors_name_file_line_field(tmp_path):
     with pytest.raises(DataError, match=r"bad\.jsonl:3: .*'question'"):
         read_samples(p)
     p.write_text('{"id": "1", "question": "q", "context": "c", "answers": [1]}\n')
-    with pytest.raises(DataError, match=r"bad\.jsonl:1: field 'answers' must be a list of strings"):
+    with pytest.raises(DataError, match=r"bad\.jsonl:1: field 'answers' must be a string or a list of strings, got"):
         read_samples(p)
     p.write_text('{"id": "1", "question": "q"\n')
     with pytest.raises(DataError, match=r"bad\.jsonl:1: invalid JSON"):
@@ -134,6 +134,51 @@ def test_hf_rows():
     assert b.answers == ("p", "pa") and b.context == "para"
     with pytest.raises(DataError, match="dataset row 0"):
         samples_from_hf([{"x": 1}])
+
+
+def test_files_in_the_datasets_and_official_layouts_are_read(tmp_path):
+    """`run --input` and eval files: HF `datasets` exports of HotpotQA and SQuAD (JSON Lines and parquet) and the
+    official HotpotQA JSON list read as samples (they were refused: 'context' must be str, 'answers' must be a
+    list of strings, missing field 'id')."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    hotpot = {"id": "h1", "question": "q", "answer": "a", "type": "bridge", "level": "hard",
+              "context": {"title": ["T1", "T2"], "sentences": [["s1. ", "s2."], ["u."]]},
+              "supporting_facts": {"title": ["T1"], "sent_id": [0]}}
+    squad = {"id": "s1", "title": "X", "context": "para", "question": "q2",
+             "answers": {"text": ["p", "pa"], "answer_start": [0, 0]}}
+    unanswerable = dict(squad, id="s2", answers={"text": [], "answer_start": []})
+    (tmp_path / "hf.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (hotpot, squad, unanswerable)))
+    pq.write_table(pa.Table.from_pylist([hotpot]), tmp_path / "hotpot.parquet")
+    pq.write_table(pa.Table.from_pylist([squad, unanswerable]), tmp_path / "squad.parquet")
+    official = [{"_id": "5a8b", "question": "q", "answer": "a", "type": "bridge", "level": "hard",
+                 "supporting_facts": [["T1", 0]], "context": [["T1", ["s1. ", "s2."]], ["T2", ["u."]]]}]
+    (tmp_path / "hotpot_dev_distractor_v1.json").write_text(json.dumps(official))
+    doc = "Document 1:\nT1\ns1. s2.\n\nDocument 2:\nT2\nu."
+    a, b, c = read_samples(tmp_path / "hf.jsonl")
+    assert (a.id, a.context, a.answers, b.context, b.answers, c.answers) == ("h1", doc, ("a",), "para", ("p", "pa"), ())
+    (h,) = read_samples(tmp_path / "hotpot.parquet")
+    assert (h.id, h.context, h.answers) == ("h1", doc, ("a",))
+    assert [(x.id, x.answers) for x in read_samples(tmp_path / "squad.parquet")] == [("s1", ("p", "pa")), ("s2", ())]
+    (o,) = read_samples(tmp_path / "hotpot_dev_distractor_v1.json")
+    assert (o.id, o.question, o.context, o.answers) == ("5a8b", "q", doc, ("a",))
+    # Dataset.to_json("x.json") writes JSON Lines: read as such (it failed with "Extra data at line 2")
+    (tmp_path / "export.json").write_text((tmp_path / "hf.jsonl").read_text())
+    assert [x.id for x in read_samples(tmp_path / "export.json")] == ["h1", "s1", "s2"]
+    (tmp_path / "export.json").write_text(json.dumps(squad) + "\n{broken\n")
+    with pytest.raises(DataError, match=r"export.json:2: invalid JSON"):
+        read_samples(tmp_path / "export.json")
+    (tmp_path / "dev-v2.0.json").write_text(json.dumps({"version": "v2.0", "data": [{"title": "X", "paragraphs": []}]}))
+    with pytest.raises(DataError, match=r"dev-v2.0.json: this is the official SQuAD JSON .*load_squad"):
+        read_samples(tmp_path / "dev-v2.0.json")
+    for bad, message in [(dict(hotpot, answer=1990), r"bad.jsonl:1: field 'answer' must be a string, got 1990"),
+                         (dict(hotpot, context={"title": ["T1"], "sentences": []}), r"field 'context' must be \{title"),
+                         ({k: v for k, v in hotpot.items() if k != "id"}, r"missing field 'id'"),
+                         (dict(squad, answers={"text": [1]}), r"field 'answers.text' must be a string or a list")]:
+        (tmp_path / "bad.jsonl").write_text(json.dumps(bad) + "\n")
+        with pytest.raises(DataError, match=message):
+            read_samples(tmp_path / "bad.jsonl")
 
 
 def test_token_stats():

@@ -4,7 +4,9 @@
 
 - ``.jsonl`` (or ``.ndjson``; also a pipe such as ``/dev/stdin``, and ``-`` for stdin): one object per line (our schema, or any reference layout, see
   :func:`memagent.data.schema.sample_from_reference`); blank lines are skipped;
-- ``.json``: a list of such objects (the reference's ``eval_{N}.json`` and ``eval_{task}_{len}.json``);
+- ``.json``: a list of such objects (the reference's ``eval_{N}.json`` and ``eval_{task}_{len}.json``), or
+  ``{"samples": [...]}``; a ``.json`` file of one object per line (JSON Lines, what ``datasets``' ``to_json``
+  writes) is read as ``.jsonl``;
 - ``.parquet``: rows of such objects (the reference's training parquet).
 
 Errors name the file, the line (JSONL) or row index (JSON list, parquet) and the field. Writers pick the format
@@ -97,6 +99,18 @@ def _jsonl_records(data: bytes, name: str) -> Iterator[tuple[str, Any]]:
         yield f"{name}:{lineno}", obj
 
 
+def _first_line_is_object(text: str) -> bool:
+    """Whether the first line of ``text`` is a whole JSON object followed by more lines (JSON Lines in a file
+    named ``.json``, as ``datasets``' ``to_json`` writes by default)."""
+    head, _, rest = text.lstrip().partition("\n")
+    if not head.startswith("{") or not rest.strip():
+        return False
+    try:
+        return isinstance(json.loads(head), dict)
+    except (json.JSONDecodeError, ValueError, RecursionError):
+        return False
+
+
 def iter_records(path: str | os.PathLike) -> Iterator[tuple[str, Any]]:
     """Yield ``(location, record)`` for every record of a JSONL / JSON / parquet file.
 
@@ -123,7 +137,18 @@ def iter_records(path: str | os.PathLike) -> Iterator[tuple[str, Any]]:
         yield from _jsonl_records(_read_bytes(p), str(p))
     elif fmt == ".json":
         raw = _read_bytes(p)
-        data = _parse_json(_decode(raw, str(p), True), str(p))
+        text = _decode(raw, str(p), True)
+        try:
+            data = _parse_json(text, str(p))
+        except DataError:
+            if not _first_line_is_object(text):
+                raise
+            yield from _jsonl_records(raw, str(p))
+            return
+        if isinstance(data, dict) and isinstance(data.get("data"), list) and "version" in data:
+            raise DataError(f"{p}: this is the official SQuAD JSON (articles of paragraphs of questions), not a list "
+                            "of samples; convert it with memagent.data.squad.load_squad, or load it with `datasets` "
+                            "and give the rows' export (to_json / to_parquet) as the input")
         escapes = _SURROGATE_ESCAPE.search(raw) is not None
         if isinstance(data, dict) and isinstance(data.get("samples"), list):
             data = data["samples"]

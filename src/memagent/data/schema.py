@@ -133,7 +133,7 @@ def _answers(val: Any, where: str, key: str) -> tuple[str, ...]:
     if hasattr(val, "tolist"):  # numpy arrays from parquet
         val = val.tolist()
     if not isinstance(val, (list, tuple)) or not all(isinstance(a, str) for a in val):
-        raise DataError(f"{where}: field {key!r} must be a list of strings")
+        raise DataError(f"{where}: field {key!r} must be a string or a list of strings, got {val!r:.80}")
     return tuple(val)
 
 
@@ -213,6 +213,10 @@ def sample_from_reference(obj: Any, where: str = "<record>") -> Sample:
     - RULER OOD eval (``eval_{task}_{len}.json``): ``index, input, context, outputs, answer_prefix[, length]``;
     - training parquet rows: ``prompt`` (list of one user message), ``context``, ``reward_model.ground_truth``,
       ``extra_info.index``;
+    - Hugging Face ``datasets`` rows of HotpotQA (``context: {title, sentences}``) and SQuAD
+      (``answers: {text, answer_start}``), through :func:`sample_from_hf`;
+    - official HotpotQA records (``_id``, ``question``, ``answer``, ``context: [[title, [sentence, ...]], ...]``):
+      the paragraphs become numbered documents, as in :func:`sample_from_hf`;
     - our own schema (``id, question, context``).
 
     Raises:
@@ -220,6 +224,17 @@ def sample_from_reference(obj: Any, where: str = "<record>") -> Sample:
     """
     if not isinstance(obj, Mapping):
         raise DataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    ctx = obj.get("context")
+    if ("question" in obj and ((isinstance(ctx, Mapping) and "title" in ctx and "sentences" in ctx)
+                               or (isinstance(ctx, str) and isinstance(obj.get("answers"), Mapping)))):
+        return _from_hf_row(obj, where)
+    if "_id" in obj and "id" not in obj and "question" in obj and isinstance(ctx, list):  # official HotpotQA
+        pairs = ctx
+        if not all(isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], list)
+                   and all(isinstance(x, str) for x in p[1]) for p in pairs):
+            raise DataError(f"{where}: field 'context' of a HotpotQA record must be [[title, [sentence, ...]], ...]")
+        row = {**obj, "id": obj["_id"], "context": {"title": [t for t, _ in pairs], "sentences": [x for _, x in pairs]}}
+        return _from_hf_row(row, where)
     if "id" in obj or "question" in obj:
         return sample_from_dict(obj, where)
     if "reward_model" in obj and "prompt" in obj:
@@ -238,6 +253,37 @@ def sample_from_reference(obj: Any, where: str = "<record>") -> Sample:
         f"{where}: unknown record layout (keys: {', '.join(sorted(obj))}); expected our schema "
         "(id, question, context) or a reference eval/training record"
     )
+
+
+def _from_hf_row(obj: Mapping[str, Any], where: str) -> Sample:
+    """:func:`sample_from_hf` with its fields checked: a DataError naming ``where`` and the field, never a
+    KeyError or TypeError (parquet's numpy arrays are taken as lists)."""
+    sid = obj.get("id", obj.get("_id"))
+    if sid is None or isinstance(sid, bool) or not isinstance(sid, (str, int)) or not str(sid).strip():
+        raise DataError(f"{where}: missing field 'id' (a non-empty string or an integer)")
+    question = _need(obj, "question", str, where)
+    if not question.strip():
+        raise DataError(f"{where}: field 'question' is empty; every sample needs a question")
+    ctx = obj["context"]
+    if isinstance(ctx, Mapping):
+        titles, sents = _pylist(ctx.get("title")), _pylist(ctx.get("sentences"))
+        sents = [_pylist(x) for x in sents] if isinstance(sents, list) else sents
+        if (not isinstance(titles, list) or not isinstance(sents, list) or len(titles) != len(sents)
+                or not all(isinstance(t, str) for t in titles)
+                or not all(isinstance(x, list) and all(isinstance(y, str) for y in x) for x in sents)):
+            raise DataError(f"{where}: field 'context' must be {{title: [str, ...], sentences: [[str, ...], ...]}} "
+                            "with one list of sentences per title")
+        if not isinstance(obj.get("answer"), str):
+            raise DataError(f"{where}: field 'answer' must be a string, got {obj.get('answer')!r}")
+        obj = {**obj, "context": {"title": titles, "sentences": sents}}
+    else:
+        texts = _pylist(obj["answers"].get("text"))
+        obj = {**obj, "answers": {**obj["answers"], "text": list(_answers(texts, where, "answers.text"))}}
+    return sample_from_hf(obj, where)
+
+
+def _pylist(value: Any) -> Any:
+    return value.tolist() if hasattr(value, "tolist") else value
 
 
 def _from_train_row(obj: Mapping[str, Any], where: str) -> Sample:
