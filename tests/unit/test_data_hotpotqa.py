@@ -182,6 +182,15 @@ def test_a_size_that_cannot_be_built_writes_nothing(data_root, tmp_path):
     est, short = map(int, re.search(r"take ~(\d+) .* at least (\d+) tokens longer", str(e.value)).groups())
     assert est - 2048 == short > 0
     assert not (tmp_path / "out").exists()
+    # several questions too long: every one is tried, and the advice is the one that fits them all (it was the
+    # first question's, which failed again on a later one)
+    with pytest.raises(DataError, match=r"^(\d+) of 8 do not fit at --tokens 2048; the one that needs most, question "
+                                        r"(\d+): .* at least (\d+) tokens longer$") as e:
+        build_hotpotqa(tmp_path / "out", ByteTokenizer(), target_tokens=[2048], num_samples=8, data_root=data_root)
+    most = int(re.search(r"at least (\d+) tokens longer", str(e.value)).group(1))
+    assert most > short
+    build_hotpotqa(tmp_path / "out", ByteTokenizer(), target_tokens=[2048 + most], num_samples=8, data_root=data_root)
+    assert len((tmp_path / "out" / f"hotpotqa_{2048 + most}tok.jsonl").read_text().splitlines()) == 8
 
 
 def test_questions_missing_a_gold_paragraph_are_skipped_unless_kept():

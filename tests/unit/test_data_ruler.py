@@ -132,11 +132,15 @@ def test_unknown_task_and_qa_index():
         build_ruler_sample("niah_singel_1", 4096, 0, ByteTokenizer())
 
 
-def test_a_question_too_long_for_the_length_is_named(data_root):
+def test_a_question_too_long_for_the_length_is_named(data_root, tmp_path):
     from memagent.errors import DataError
 
-    with pytest.raises(DataError, match=r"^sample 3 \(question '[0-9a-f]+'\): the question's own documents alone take"):
+    with pytest.raises(DataError, match=r"^question '[0-9a-f]+': the question's own documents alone take"):
         build_ruler_sample("qa_1", 300, 3, ByteTokenizer(), data_root=data_root)
+    # built as a file, the sample is named and every sample is tried: the advice fits them all
+    with pytest.raises(DataError, match=r"^qa_1: 4 of 4 do not fit at 300 tokens; the one that needs most, sample \d: "
+                                        r"question '[0-9a-f]+': .* at least \d+ tokens longer$"):
+        build_ruler(tmp_path / "never", ["qa_1"], [300], ByteTokenizer(), num_samples=4, data_root=data_root)
 
 
 def test_build_files_and_cli(tmp_path, gguf_tokenizer, data_root):
@@ -179,12 +183,12 @@ def test_build_files_and_cli(tmp_path, gguf_tokenizer, data_root):
         assert r.exit_code == 2 and re.search(message, r.output), (args, r.output)
     assert not (tmp_path / "bad").exists()
     r = CliRunner().invoke(app, ["ruler", "--task", "vt", "-l", "40", "-n", "1", "-o", str(tmp_path / "short"), "--tokenizer", "bytes"])
-    assert r.exit_code == 2 and re.search("vt at 40 tokens: the prompt with only 0 haystack units is 1156 tokens, over "
+    assert r.exit_code == 2 and re.search("vt: sample 0 at 40 tokens: the prompt with only 0 haystack units is 1156 tokens, over "
                                           "the budget of 10 tokens .* use a longer length", r.output), r.output
     # a length that cannot be built leaves no partial output, even after other cells were built
     r = CliRunner().invoke(app, ["ruler", "--task", "niah_single_1,vt", "-l", "2K,40", "-n", "1", "-o",
                                  str(tmp_path / "mixed"), "--tokenizer", "bytes"])
-    assert r.exit_code == 2 and "niah_single_1 at 40 tokens" in r.output, r.output  # after niah_single_1 at 2K
+    assert r.exit_code == 2 and "niah_single_1: sample 0 at 40 tokens" in r.output, r.output  # after niah_single_1 at 2K
     assert not (tmp_path / "mixed").exists()  # nothing written, so the folder it made is gone too
 
 

@@ -251,7 +251,7 @@ def fit_documents(
     chosen: list[str] = []
     est = sum(doc_cost(d) for d in own)
     if est - header > target + tol:
-        raise DataError(_too_short(f"~{est}", target, fixed_tokens))
+        raise _too_short(f"~{est}", target, fixed_tokens)
     nxt = 0
     docs, _ = _shuffle_with_own(own, [], rng)
     shrinking = False
@@ -265,7 +265,7 @@ def fit_documents(
             excess = exact - target
             removed = _remove_last_added(chosen, docs, excess, doc_cost)
             if removed < excess:
-                raise DataError(_too_short(str(exact - removed), target, fixed_tokens))
+                raise _too_short(str(exact - removed), target, fixed_tokens)
             shrinking = True  # from now on only remove, so the loop cannot oscillate
             continue
         exhausted = nxt >= len(candidates)
@@ -283,11 +283,53 @@ def fit_documents(
     raise DataError(f"could not fit documents to {budget_tokens} tokens (tokenizer {tokenizer.name!r})")
 
 
-def _too_short(own_tokens: str, target: int, fixed_tokens: int) -> str:
+class LengthTooShort(DataError):
+    """A target length below what one question's own documents take.
+
+    Attributes:
+        short: tokens the target length lacks for this question (estimated when the message says ``~``).
+    """
+
+    def __init__(self, message: str, short: int):
+        super().__init__(message)
+        self.short = short
+
+
+def _too_short(own_tokens: str, target: int, fixed_tokens: int) -> LengthTooShort:
     """The error for a target length below what the question's own documents take (``own_tokens``: a count,
     ``~``-prefixed when estimated; ``target``: the tokens left for documents after the ``fixed_tokens`` of the
     prompt around them)."""
     short = int(own_tokens.lstrip("~")) - target
-    return (f"the question's own documents alone take {own_tokens} tokens, over the {target} tokens left for "
-            f"documents (the prompt around them takes {fixed_tokens}): give a target length at least {short} tokens "
-            "longer")
+    return LengthTooShort(f"the question's own documents alone take {own_tokens} tokens, over the {target} tokens "
+                          f"left for documents (the prompt around them takes {fixed_tokens}): give a target length "
+                          f"at least {short} tokens longer", short)
+
+
+def build_all(items: Sequence, build, name, flag: str) -> list:
+    """``[build(x) for x in items]``, where a :class:`LengthTooShort` does not stop at the first question: every
+    item is tried, and the error names how many do not fit and the length that fits them all.
+
+    Args:
+        items: what to build from (questions, sample indices).
+        build: one item -> one sample.
+        name: one item -> how to name it in a message (``question 13``).
+        flag: the size as the user gave it (``--tokens 2048``).
+
+    Raises:
+        DataError: the first other error (naming the item), or the shortfalls of all items.
+    """
+    out, short = [], []
+    for x in items:
+        try:
+            out.append(build(x))
+        except LengthTooShort as e:
+            short.append((e.short, name(x), str(e)))
+        except DataError as e:
+            raise DataError(f"{name(x)} at {flag}: {e}") from None
+    if len(short) == 1:
+        raise DataError(f"{short[0][1]} at {flag}: {short[0][2]}")
+    if short:
+        most = max(short, key=lambda x: x[0])
+        raise DataError(f"{len(short)} of {len(items)} do not fit at {flag}; the one that needs most, {most[1]}: "
+                        f"{most[2]}")
+    return out

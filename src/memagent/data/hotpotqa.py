@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from memagent.data import paths
-from memagent.data.documents import DocumentPool, draw_documents, fit_documents, sample_rng
+from memagent.data.documents import DocumentPool, build_all, draw_documents, fit_documents, sample_rng
 from memagent.data.io import write_records, write_samples
 from memagent.data.schema import token_stats, write_manifest
 from memagent.errors import DataError
@@ -252,13 +252,9 @@ def build_hotpotqa(
     built = []  # every size is built before any file is written: a size that cannot be built leaves no partial output
     for kind, size in [("docs", n) for n in num_docs] + [("tok", t) for t in target_tokens]:
         kw = {"num_docs": size} if kind == "docs" else {"target_tokens": size}
-        samples = []
-        for r in chosen:
-            try:
-                samples.append(build_sample(r, pool, tokenizer, seed, allow_reuse=allow_reuse, **kw))
-            except DataError as e:
-                flag = f"--docs {size}" if kind == "docs" else f"--tokens {size}"
-                raise DataError(f"question {r.id} at {flag}: {e}") from None
+        flag = f"--docs {size}" if kind == "docs" else f"--tokens {size}"
+        samples = build_all(chosen, lambda r: build_sample(r, pool, tokenizer, seed, allow_reuse=allow_reuse, **kw),
+                            lambda r: f"question {r.id}", flag)
         built.append((kind, size, samples))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

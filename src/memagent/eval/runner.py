@@ -150,6 +150,8 @@ class EvalRunner(RunFolder):
         return samples
 
     def _build(self, task: TaskConfig, length: int) -> list[Sample]:
+        from memagent.data.documents import build_all
+
         root = self.config.data_root
         if task.name == "hotpotqa":
             from memagent.data import paths
@@ -160,11 +162,14 @@ class EvalRunner(RunFolder):
             seed = self.config.data_seed_for(task)
             kw = {"num_docs": length} if task.length_unit == "docs" else {"target_tokens": length}
             chosen = select_records(records, task.samples, keep_incomplete=task.keep_incomplete)
-            return [build_sample(r, pool, self.tokenizer, seed, **kw) for r in chosen]
+            return build_all(chosen, lambda r: build_sample(r, pool, self.tokenizer, seed, **kw),
+                             lambda r: f"question {r.id}", f"{length} {task.length_unit}")
         from memagent.data.ruler import build_ruler_sample
 
         seed = self.config.data_seed_for(task)
-        return [build_ruler_sample(task.name, length, i, self.tokenizer, seed, data_root=root) for i in range(task.samples)]
+        return build_all(range(task.samples),
+                         lambda i: build_ruler_sample(task.name, length, i, self.tokenizer, seed, data_root=root),
+                         lambda i: f"sample {i}", f"{length} tokens")
 
     # ------------------------------------------------------------------------------------------- run
     def run(self, only: Sequence[tuple[str, int | None]] | None = None,

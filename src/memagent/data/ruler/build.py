@@ -8,6 +8,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from memagent.data.documents import build_all
 from memagent.data.io import write_records, write_samples
 from memagent.data.ruler import RULER_METRIC, RULER_TASKS, build_ruler_sample
 from memagent.data.ruler.common import ruler_record
@@ -103,9 +104,11 @@ def _build_into(stage: Path, tasks, lengths, tokenizer, num_samples, seed, hayst
         for length in lengths:
             t0 = time.perf_counter()
             try:
-                samples = [build_ruler_sample(task, length, i, tokenizer, seed, haystack, root) for i in range(num_samples)]
+                samples = build_all(range(num_samples),
+                                    lambda i: build_ruler_sample(task, length, i, tokenizer, seed, haystack, root),
+                                    lambda i: f"sample {i}", f"{length} tokens")
             except DataError as e:
-                raise DataError(f"{task} at {length} tokens: {e}") from None
+                raise DataError(f"{task}: {e}") from None
             seconds = time.perf_counter() - t0
             path = out / f"{task}_{length}.jsonl"
             write_samples(path, samples)

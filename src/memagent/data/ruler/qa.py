@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 
 from memagent.data import paths
-from memagent.data.documents import fit_documents, sample_rng
+from memagent.data.documents import LengthTooShort, fit_documents, sample_rng
 from memagent.data.hotpotqa import build_pool, load_hotpotqa, paragraph_document
 from memagent.data.ruler.common import TOKENS_TO_GENERATE, RulerPrompt, to_sample
 from memagent.data.squad import load_squad, squad_pool
@@ -57,6 +57,8 @@ def build_qa(task: str, length: int, index: int, tokenizer: Tokenizer, seed: int
         try:
             ctx = fit_documents(own, pool, budget, rng=sample_rng(seed, f"{task}/{length}/{index}/docs"),
                                 tokenizer=tokenizer, more=more, fixed_tokens=fixed)
+        except LengthTooShort as e:  # the caller names the sample and gathers all (memagent.data.documents.build_all)
+            raise LengthTooShort(f"question {qid!r}: {e}", e.short) from None
         except DataError as e:
             raise DataError(f"sample {index} (question {qid!r}): {e}") from None
         tokens = count_tokens(tokenizer, prefix + ctx.context + suffix)
