@@ -9,6 +9,8 @@ empty (a character longer than a chunk stays whole in the chunk where it starts,
 
 from __future__ import annotations
 
+import bisect
+
 from collections import deque
 from collections.abc import Iterable, Sequence
 
@@ -92,11 +94,15 @@ def center_truncate_ranges(text: str, tokenizer: Tokenizer, max_tokens: int | No
     """
     _check_encodable(text)
     _, bounds = tokenizer.encode_with_offsets(text)
-    return _kept_ranges(bounds, len(text), max_tokens)
+    return kept_ranges(bounds, len(text), max_tokens)
 
 
-def _kept_ranges(bounds: Sequence[int], text_chars: int, max_tokens: int | None) -> tuple[tuple[tuple[int, int], ...], int]:
-    """:func:`center_truncate_ranges` from the token boundaries (shape ``(T + 1,)``) of a text of ``text_chars``."""
+def kept_ranges(bounds: Sequence[int], text_chars: int, max_tokens: int | None) -> tuple[tuple[tuple[int, int], ...], int]:
+    """:func:`center_truncate_ranges` from the token boundaries (shape ``(T + 1,)``, see
+    :class:`memagent.tokenization.Tokenizer`) of a text of ``text_chars`` characters: the head keeps at most
+    ``max_tokens - max_tokens // 2`` tokens and the tail at most ``max_tokens // 2``, each cut at a character
+    boundary, and the count returned is the tokens kept (fewer than ``max_tokens`` where a multi-byte character
+    would straddle a cut)."""
     n = len(bounds) - 1
     if max_tokens is None or n <= max_tokens:
         return ((0, text_chars),), n
@@ -104,7 +110,18 @@ def _kept_ranges(bounds: Sequence[int], text_chars: int, max_tokens: int | None)
         raise ConfigError(f"max_context_tokens must be >= 2 to keep a head and a tail, got {max_tokens}")
     tail = max_tokens // 2
     head = max_tokens - tail
-    return ((0, bounds[head]), (bounds[n - tail], text_chars)), max_tokens
+    # A token inside a character (a byte of a multi-byte character) has the character's end as its boundary, so
+    # the character offset bounds[k] may keep more than k tokens: the tokens before offset c are those up to the
+    # last index whose boundary is c. Cut the head at the last offset that keeps at most `head` tokens and read
+    # the tail from its offset, and count what is kept.
+    c = bounds[head]
+    kept_head = bisect.bisect_right(bounds, c) - 1
+    if kept_head > head:
+        i = bisect.bisect_left(bounds, c) - 1
+        c, kept_head = (bounds[i], bisect.bisect_right(bounds, bounds[i]) - 1) if i >= 0 else (0, 0)
+    t = bounds[n - tail]
+    kept_tail = n - (bisect.bisect_right(bounds, t) - 1)
+    return ((0, c), (t, text_chars)), kept_head + kept_tail
 
 
 def center_truncate(text: str, tokenizer: Tokenizer, max_tokens: int | None) -> tuple[str, int]:

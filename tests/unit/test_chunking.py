@@ -128,7 +128,13 @@ def test_center_truncate_ranges_and_source_ranges():
     # multi-byte text: ranges are in characters, and the truncated text is exactly the kept ranges joined
     s = "äöü-abc-ßß"
     ranges, n = center_truncate_ranges(s, ByteTokenizer(), 6)
-    assert "".join(s[a:b] for a, b in ranges) == center_truncate(s, ByteTokenizer(), 6)[0] and n == 6
+    assert "".join(s[a:b] for a, b in ranges) == center_truncate(s, ByteTokenizer(), 6)[0]
+    # 3 head and 3 tail byte tokens: a 2-byte character is kept whole or not at all, and the count is what is
+    # kept ("ä" + "ß", 4 tokens; it kept "äö" + "ß" and reported 6 for 6 bytes by chance, and "€" for a budget of 2)
+    assert (ranges, n) == (((0, 1), (9, 10)), 4)
+    assert center_truncate("€" * 10, ByteTokenizer(), 2) == ("", 0)
+    assert center_truncate("€" * 10, ByteTokenizer(), 10) == ("€€", 6)
+    assert center_truncate("a€b€c", ByteTokenizer(), 6) == ("ac", 2)  # "a€" and "€c" are 4 bytes each
 
 
 def test_chunk_tokens_must_be_positive():

@@ -269,6 +269,16 @@ def test_direct_center_truncates_document(tmp_path):
     fixed = len(DIRECT_TEMPLATE.format(document="", question="Q?").encode())  # scripted backend counts bytes
     assert row["document_tokens"] == 1000 - fixed - 2 and len(prompt.encode()) == 998
     assert row["document_tokens"] < len(doc) and row["context_tokens"] is None and row["score"] == 1.0
+    # a document whose whole prompt fits the cap is sent whole, even inside the 2-token margin truncation keeps
+    for extra, whole in [(0, True), (1, False)]:  # whole prompts of exactly 1000 and of 1001 bytes
+        short = "y" * (1000 - fixed + extra - 1) + "."
+        write_samples(path, [Sample("s0", "Q?", short, ("zeta",))])
+        backend = ScriptedBackend(replies=["\\boxed{Zeta}"])
+        out = tmp_path / f"fits{extra}"
+        (row,) = read_results(EvalRunner(replace(cfg, output=str(out)), backend=backend).run())
+        sent = backend.calls[0][0].messages[0].content
+        assert (short in sent, row["document_tokens"]) == ((True, len(short)) if whole else (False, 1000 - fixed - 2))
+        assert len(sent.encode()) <= 1000
 
 
 def test_budget_failure_is_an_error_row(tmp_path):
@@ -293,7 +303,8 @@ def test_budget_failure_is_an_error_row(tmp_path):
     ({"name": "d", "kind": "direct", "max_input_tokens": 4000, "max_new_tokens": 200}, "4000 \\+ max_new_tokens 200 exceeds"),
     ({"name": "d", "kind": "direct", "max_new_tokens": 4096}, "leaves no room for a prompt"),
     ({"name": "d", "kind": "direct", "max_input_tokens": 40, "max_new_tokens": 16},
-     r"method 'd': the direct prompt without any document or question is \d+ tokens, over the prompt cap of 40 tokens"),
+     r"method 'd': the direct prompt takes (\d+) tokens without any document or question, and a truncated document "
+     r"needs 4 more: \d+ tokens, over the prompt cap of 40 tokens; raise max_input_tokens"),
 ])
 def test_impossible_methods_fail_before_any_row(tmp_path, method, message):
     path = tmp_path / "q.jsonl"

@@ -51,12 +51,8 @@ class DirectMethod:
 
     def fixed_tokens(self, question: str) -> int:
         """Tokens of the direct prompt with ``question`` and no document (chat template included)."""
-        from memagent.backends.base import DEFAULT_CHAT_OVERHEAD_TOKENS
-        from memagent.tokenization import count_tokens
 
-        empty = DIRECT_TEMPLATE.format(document="", question=question)
-        fixed = self.backend.count_prompt_tokens((Message("user", empty),))
-        return fixed if fixed is not None else count_tokens(self.tokenizer, empty) + DEFAULT_CHAT_OVERHEAD_TOKENS
+        return self._prompt_tokens(DIRECT_TEMPLATE.format(document="", question=question))
 
     def check(self) -> None:
         """Refuse, before any row, caps that cannot fit the backend's window whatever the sample.
@@ -78,8 +74,9 @@ class DirectMethod:
         cap = self.cap()
         fixed = self.fixed_tokens("")
         if cap is not None and cap - fixed - 2 < 2:
-            raise ConfigError(f"method {m.name!r}: the direct prompt without any document or question is "
-                              f"{fixed} tokens, over the prompt cap of {cap} tokens: raise max_input_tokens")
+            raise ConfigError(f"method {m.name!r}: the direct prompt takes {fixed} tokens without any document or "
+                              f"question, and a truncated document needs 4 more: {fixed + 4} tokens, over the prompt "
+                              f"cap of {cap} tokens; raise max_input_tokens")
 
     def prompt(self, s: Sample, budget: int) -> tuple[str, int]:
         """``(prompt text, document tokens kept)`` for one sample.
@@ -87,14 +84,32 @@ class DirectMethod:
         Raises:
             ConfigError: the question alone leaves no room for any document.
         """
-        from memagent.chunking import center_truncate
+        from memagent.chunking import kept_ranges
+        from memagent.tokenization import token_boundaries
 
         fixed = self.fixed_tokens(s.question)
         if budget - fixed - 2 < 2:  # center truncation keeps at least one head and one tail token
-            raise ConfigError(f"sample {s.id}: the direct prompt without any document is {fixed} tokens, over the "
-                              f"prompt cap of {budget} tokens: raise max_input_tokens or shorten the question")
-        doc, n = center_truncate(s.context, self.tokenizer, budget - fixed - 2)
-        return DIRECT_TEMPLATE.format(document=doc, question=s.question), n
+            raise ConfigError(f"sample {s.id}: the direct prompt takes {fixed} tokens without any document, and a "
+                              f"truncated document needs 4 more (a head and a tail token, and 2 where the cut text "
+                              f"joins the template may tokenize differently): {fixed + 4} tokens, over the prompt cap "
+                              f"of {budget} tokens; raise max_input_tokens or shorten the question")
+        bounds = token_boundaries(self.tokenizer, s.context)
+        n = len(bounds) - 1
+        if fixed + n <= budget:  # the whole document may fit: count the whole prompt to be sure
+            text = DIRECT_TEMPLATE.format(document=s.context, question=s.question)
+            if self._prompt_tokens(text) <= budget:
+                return text, n
+        ranges, kept = kept_ranges(bounds, len(s.context), budget - fixed - 2)
+        doc = "".join(s.context[a:b] for a, b in ranges)
+        return DIRECT_TEMPLATE.format(document=doc, question=s.question), kept
+
+    def _prompt_tokens(self, text: str) -> int:
+        """Tokens of the direct prompt ``text`` as the backend counts it (chat template included)."""
+        from memagent.backends.base import DEFAULT_CHAT_OVERHEAD_TOKENS
+        from memagent.tokenization import count_tokens
+
+        n = self.backend.count_prompt_tokens((Message("user", text),))
+        return n if n is not None else count_tokens(self.tokenizer, text) + DEFAULT_CHAT_OVERHEAD_TOKENS
 
     def seed(self, sample_id: str) -> int:
         return zlib.crc32(f"{self.agent.seed}/{sample_id}/direct".encode()) & 0x7FFFFFFF
