@@ -745,13 +745,16 @@ def test_file_cells_are_checked_before_any_row(tmp_path):
     assert not any("were built for" in line for line in logs)  # the toy samples record no size
     # a file whose samples say they were built for another size than its key: the summary would mislabel them
     sized = tmp_path / "sized.jsonl"
-    write_samples(sized, [Sample(f"s{k}", "Q?", "doc", ("a",), {"target_tokens": t}) for k, t in enumerate((300, 300, 8192))])
+    write_samples(sized, [Sample(f"s{k}", "Q?", " " if k == 1 else "doc", ("a",), {"target_tokens": t})
+                          for k, t in enumerate((300, 300, 8192))])
     logs = []
     EvalRunner(replace(cfg, output=str(tmp_path / "run2"), tasks=(replace(task, lengths=(100,), files={100: str(sized)}),)),
                backend=ScriptedBackend(responder=responder), log=logs.append).run()
     assert [line for line in logs if "were built for" in line] == [
         f"warning: task 'toy' length 100: the samples of {sized} were built for target_tokens 300, 8192, so the "
         "summary labels them 100 tokens while they are not; give the file under the length it was built for"]
+    assert "warning: task 'toy' length 100: 1 sample(s) have an empty context (s1): their answers come from no " \
+           "document at all" in logs  # as `memagent run` warns
 
 
 def test_bad_run_folders_are_named(tmp_path):

@@ -335,6 +335,11 @@ class EvalRunner(RunFolder):
                 self.log(f"warning: task {task.name!r} length {length}: {n} samples, fewer than samples: {task.samples}")
             if length in task.files:
                 self._check_label(task, length, samples)
+            empty = [s.id for s in samples if isinstance(s.context, str) and not s.context.strip()]
+            if empty:  # scored all the same (as `memagent run` answers them), but worth knowing
+                shown = ", ".join(empty[:5]) + (f" and {len(empty) - 5} more" if len(empty) > 5 else "")
+                self.log(f"warning: task {task.name!r} length {length}: {len(empty)} sample(s) have an empty context "
+                         f"({shown}): their answers come from no document at all")
 
     def _check_label(self, task: TaskConfig, length: int, samples: list[Sample]) -> None:
         """Warn when a ``files:`` cell's samples say they were built for another size than its key (memagent's
