@@ -137,6 +137,8 @@ def test_eval_exits_1_when_a_sample_failed(tmp_path):
                    f"tasks: [{{name: t, lengths: ['1'], samples: 2, files: {{1: {data}}}}}]\n")
     r = CliRunner().invoke(_app(), ["eval", "--config", str(cfg), "--no-report", "-n", "5", "--seed", "3"])
     assert r.exit_code == 1 and "1 of 2 samples failed" in r.output
+    # the failure is a question too long for the budget: the advice says a retry alone refuses it again
+    assert "1 of them were not run, their question being too long for the method's budget" in " ".join(r.output.split())
     assert "warning: --samples, --seed ignored: --config" in r.output
     assert len((tmp_path / "run" / "results.jsonl").read_text().splitlines()) == 2
 

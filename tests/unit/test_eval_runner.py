@@ -296,6 +296,7 @@ def test_budget_failure_is_an_error_row(tmp_path):
     assert agent["ok"]["status"] == "ok" and agent["long"]["status"] == "error" and "context window" in agent["long"]["error"]
     assert direct["ok"]["status"] == "ok" and direct["long"]["status"] == "error"
     assert "over the prompt cap of 2000 tokens" in direct["long"]["error"]
+    assert agent["long"]["error"].startswith("not run: ") and direct["long"]["error"].startswith("not run: ")
 
 
 @pytest.mark.parametrize("method, message", [

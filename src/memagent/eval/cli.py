@@ -147,8 +147,13 @@ def eval_command(
     except MemagentError as e:
         _fail(e)
     if failed:  # like `memagent run`: exit status 1 when any sample failed (the rows are kept and counted)
+        from memagent.runfiles import NOT_RUN
+
+        refused = sum(r["status"] == "error" and str(r.get("error") or "").startswith(NOT_RUN) for r in rows)
+        why = (f"; {refused} of them were not run, their question being too long for the method's budget (see "
+               "each row's error): a retry alone refuses them again") if refused else ""
         typer.secho(f"{failed} of {len(rows)} samples failed (status=error rows in {results}; they score 0; "
-                    "rerun with --retry-errors to try them again)", fg="yellow", err=True)
+                    f"rerun with --retry-errors to try them again{why})", fg="yellow", err=True)
         raise typer.Exit(1)
 
 

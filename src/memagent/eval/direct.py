@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from memagent.errors import ConfigError
+from memagent.runfiles.rows import NOT_RUN
 from memagent.types import Message, Request, Sample
 
 #: The direct baseline's prompt (memagent's wording; slots {document}, {question}).
@@ -135,7 +136,7 @@ class DirectMethod:
                 try:
                     prepared.append((s, *self.prompt(s, budget)))
                 except ConfigError as e:
-                    write(s, Outcome(error=str(e)))
+                    write(s, Outcome(error=f"{NOT_RUN}{e}"))
             if not prepared:
                 continue
             requests = [Request((Message("user", text),), m.max_new_tokens, a.temperature, a.top_p, self.seed(s.id),

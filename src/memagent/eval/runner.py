@@ -49,7 +49,7 @@ from memagent.errors import ConfigError, DataError, MemagentError
 from memagent.eval.direct import DIRECT_TEMPLATE, DirectMethod, direct_template_hash  # noqa: F401 - re-exported
 from memagent.eval.folder import RunFolder
 from memagent.eval.grid import EvalConfig, MethodConfig, TaskConfig
-from memagent.runfiles import (Outcome, ResultWriter, first_missing, folder_problem, prune_trace, remove_created, result_row,
+from memagent.runfiles import (NOT_RUN, Outcome, ResultWriter, first_missing, folder_problem, prune_trace, remove_created, result_row,
                                run_lock, write_trace)
 from memagent.runfiles import read_manifest, row_key  # noqa: F401 - re-exported (their home is memagent.runfiles)
 from memagent.types import Sample, Trajectory
@@ -438,7 +438,7 @@ class EvalRunner(RunFolder):
                 agent.check_budget(s.question, s.id)
                 runnable.append(s)
             except ConfigError as e:
-                writer.write(result_row(s, Outcome(error=str(e)), cell=cell, metrics=metrics))
+                writer.write(result_row(s, Outcome(error=f"{NOT_RUN}{e}"), cell=cell, metrics=metrics))
 
         def on_result(s: Sample, traj: Trajectory) -> None:
             write_trace(trace, [traj], append=True)

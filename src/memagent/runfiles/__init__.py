@@ -18,6 +18,7 @@ from memagent.runfiles.manifest import (first_missing, folder_problem, git_commi
 from memagent.runfiles.predictions import finished_ids, input_sha256, resume_predictions
 from memagent.runfiles.resume import describe, setting_changes, settings_hash
 from memagent.runfiles.rows import (
+    NOT_RUN,
     OPTIONAL_ROW_FIELDS,
     ROW_FIELDS,
     Outcome,

@@ -43,6 +43,11 @@ ROW_FIELDS = {"method": str, "task": str, "length": int, "sample_id": (str, int)
 OPTIONAL_ROW_FIELDS = {"context_tokens": (int, float), "seconds": (int, float), "answer": str, "length_unit": str, "metric": str}
 
 
+#: How the error of a row begins when its sample was refused before any model call (a question too long for the
+#: method's budget): ``--retry-errors`` alone runs it into the same refusal.
+NOT_RUN = "not run: "
+
+
 @dataclass(frozen=True)
 class Outcome:
     """What a method produced for one sample (a memory-agent trajectory or one direct call).
