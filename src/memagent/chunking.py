@@ -121,7 +121,7 @@ def kept_ranges(bounds: Sequence[int], text_chars: int, max_tokens: int | None) 
         c, kept_head = (bounds[i], bisect.bisect_right(bounds, bounds[i]) - 1) if i >= 0 else (0, 0)
     t = bounds[n - tail]
     kept_tail = n - (bisect.bisect_right(bounds, t) - 1)
-    return ((0, c), (t, text_chars)), kept_head + kept_tail
+    return ((0, int(c)), (int(t), text_chars)), int(kept_head + kept_tail)
 
 
 def center_truncate(text: str, tokenizer: Tokenizer, max_tokens: int | None) -> tuple[str, int]:

@@ -395,11 +395,19 @@ def test_run_folder_report_and_missing_traces(tmp_path):
     assert m["early_guess_pct"] == ""
     assert (m["n_correct"], m["n_unmeasured"], m["read_pct"]) == ("1", "3", "100.0")  # read: nothing truncated
     assert (d["read_pct"], rows["truncated"]["read_pct"], rows["truncated"]["n_not_read"]) == ("50.0", "50.0", "2")
-    # a tokenizer that cannot be loaded here: where truncation cut is unknown too
+    # a tokenizer that cannot be loaded here: where the agent's truncation cut is unknown too; the direct rows
+    # record the ranges their prompts kept, so they need no tokenizer
     manifest = json.loads((run / "manifest.json").read_text())
     (run / "manifest.json").write_text(json.dumps({**manifest, "tokenizer": "elsewhere.gguf"}))
     write_report([run], out_dir=tmp_path / "third", plot=False)
     rows = _csv(tmp_path / "third" / "summary.csv")
+    assert (rows["direct"]["read_pct"], rows["direct"]["n_unmeasured"]) == ("50.0", "0")
+    # rows written before they recorded the ranges: unknown without the tokenizer
+    res = run / "results.jsonl"
+    old_rows = [{k: v for k, v in json.loads(x).items() if k != "document_chars"} for x in res.read_text().splitlines()]
+    res.write_text("".join(json.dumps(r) + "\n" for r in old_rows))
+    write_report([run], out_dir=tmp_path / "fourth", plot=False)
+    rows = _csv(tmp_path / "fourth" / "summary.csv")
     assert (rows["direct"]["read_pct"], rows["direct"]["n_unmeasured"]) == ("", "3")
     assert (rows["truncated"]["read_pct"], rows["memagent"]["read_pct"]) == ("", "100.0")
 

@@ -268,6 +268,9 @@ def test_direct_center_truncates_document(tmp_path):
 
     fixed = len(DIRECT_TEMPLATE.format(document="", question="Q?").encode())  # scripted backend counts bytes
     assert row["document_tokens"] == 1000 - fixed - 2 and len(prompt.encode()) == 998
+    # the row records the ranges its prompt kept, so the report needs no second cut (one that could differ)
+    (_, head), (tail, end) = row["document_chars"]
+    assert end == len(doc) and head + end - tail == row["document_tokens"] and doc[:head] + doc[tail:] in prompt
     assert row["document_tokens"] < len(doc) and row["context_tokens"] is None and row["score"] == 1.0
     # a document whose whole prompt fits the cap is sent whole, even inside the 2-token margin truncation keeps
     for extra, whole in [(0, True), (1, False)]:  # whole prompts of exactly 1000 and of 1001 bytes
@@ -278,6 +281,7 @@ def test_direct_center_truncates_document(tmp_path):
         (row,) = read_results(EvalRunner(replace(cfg, output=str(out)), backend=backend).run())
         sent = backend.calls[0][0].messages[0].content
         assert (short in sent, row["document_tokens"]) == ((True, len(short)) if whole else (False, 1000 - fixed - 2))
+        assert (row["document_chars"] == [[0, len(short)]]) == whole
         assert len(sent.encode()) <= 1000
 
 

@@ -79,8 +79,8 @@ class DirectMethod:
                               f"question, and a truncated document needs 4 more: {fixed + 4} tokens, over the prompt "
                               f"cap of {cap} tokens; raise max_input_tokens")
 
-    def prompt(self, s: Sample, budget: int) -> tuple[str, int]:
-        """``(prompt text, document tokens kept)`` for one sample.
+    def prompt(self, s: Sample, budget: int) -> tuple[str, int, tuple[tuple[int, int], ...]]:
+        """``(prompt text, document tokens kept, character ranges of the context kept)`` for one sample.
 
         Raises:
             ConfigError: the question alone leaves no room for any document.
@@ -99,10 +99,10 @@ class DirectMethod:
         if fixed + n <= budget:  # the whole document may fit: count the whole prompt to be sure
             text = DIRECT_TEMPLATE.format(document=s.context, question=s.question)
             if self._prompt_tokens(text) <= budget:
-                return text, n
+                return text, n, ((0, len(s.context)),)
         ranges, kept = kept_ranges(bounds, len(s.context), budget - fixed - 2)
         doc = "".join(s.context[a:b] for a, b in ranges)
-        return DIRECT_TEMPLATE.format(document=doc, question=s.question), kept
+        return DIRECT_TEMPLATE.format(document=doc, question=s.question), kept, ranges
 
     def _prompt_tokens(self, text: str) -> int:
         """Tokens of the direct prompt ``text`` as the backend counts it (chat template included)."""
@@ -131,7 +131,7 @@ class DirectMethod:
             raise ConfigError(f"method {m.name!r}: set max_input_tokens (the backend's context window is unknown)")
         sampling = a.sampling_options()
         for i in range(0, len(samples), a.batch_size):
-            prepared: list[tuple[Sample, str, int]] = []  # (sample, prompt, document tokens kept)
+            prepared: list[tuple[Sample, str, int, tuple]] = []  # (sample, prompt, document tokens, ranges kept)
             for s in samples[i : i + a.batch_size]:
                 try:
                     prepared.append((s, *self.prompt(s, budget)))
@@ -140,13 +140,13 @@ class DirectMethod:
             if not prepared:
                 continue
             requests = [Request((Message("user", text),), m.max_new_tokens, a.temperature, a.top_p, self.seed(s.id),
-                                f"{s.id}/direct", dict(sampling)) for s, text, _ in prepared]
+                                f"{s.id}/direct", dict(sampling)) for s, text, _, _ in prepared]
             t0 = time.perf_counter()
             comps = self.backend.generate(requests)
             share = (time.perf_counter() - t0) / len(prepared)
-            for (s, _, doc_tokens), c in zip(prepared, comps):
+            for (s, _, doc_tokens, ranges), c in zip(prepared, comps):
                 usage = dict(prompt_tokens=c.usage.prompt_tokens, completion_tokens=c.usage.completion_tokens, turns=1,
-                             document_tokens=doc_tokens, seconds=c.seconds or share)
+                             document_tokens=doc_tokens, seconds=c.seconds or share, document_chars=ranges)
                 if c.finish_reason == "error":
                     write(s, Outcome(error=c.error or "backend error", **usage))
                 else:

@@ -12,6 +12,8 @@ written by         fields, in order
 every row          ``sample_id, status, error, question, answers, response, answer, extraction``
 ``eval`` (scored)  ``metric, score, scores, context_tokens``
 every row          ``document_tokens, prompt_tokens, completion_tokens, turns, seconds, trace``
+direct (eval)      ``document_chars``: the character ranges of the context its prompt kept (center truncation),
+                   so the report tells whether the evidence was in view without cutting again
 ``run``            ``prompt_hash, settings, input_sha256, metadata`` (a predictions file has no manifest, so
                    each row carries what it was made with; ``--resume`` compares ``settings``, and
                    ``input_sha256``, the hash of the sample's question and context)
@@ -40,7 +42,8 @@ ROW_FIELDS = {"method": str, "task": str, "length": int, "sample_id": (str, int)
               "scores": dict}
 
 #: Optional fields that summaries read, with their JSON types (``None`` allowed).
-OPTIONAL_ROW_FIELDS = {"context_tokens": (int, float), "seconds": (int, float), "answer": str, "length_unit": str, "metric": str}
+OPTIONAL_ROW_FIELDS = {"context_tokens": (int, float), "seconds": (int, float), "answer": str, "length_unit": str, "metric": str,
+                       "document_chars": list}
 
 
 #: How the error of a row begins when its sample was refused before any model call (a question too long for the
@@ -57,6 +60,7 @@ class Outcome:
         answer, extraction: the extracted answer and how it was found (:mod:`memagent.answers`).
         error: the error message, or ``None``.
         document_tokens: tokens of the document the method read (after truncation), when known.
+        document_chars: the direct method: the ``(start, end)`` character ranges of the context its prompt kept.
         prompt_tokens, completion_tokens: summed over the method's calls.
         turns: number of calls.
         seconds: model time.
@@ -71,6 +75,7 @@ class Outcome:
     completion_tokens: int = 0
     turns: int = 0
     seconds: float = 0.0
+    document_chars: tuple[tuple[int, int], ...] | None = None
 
     @classmethod
     def of_trajectory(cls, traj: Trajectory) -> Outcome:
@@ -105,6 +110,8 @@ def result_row(sample: Sample, outcome: Outcome, *, cell: Mapping[str, Any] | No
         row.update(metric=metrics[0], score=got[metrics[0]], scores=got, context_tokens=sample.metadata.get("length_tokens"))
     row.update(document_tokens=o.document_tokens, prompt_tokens=o.prompt_tokens, completion_tokens=o.completion_tokens,
                turns=o.turns, seconds=round(o.seconds, 4), trace=trace)
+    if o.document_chars is not None:
+        row["document_chars"] = [list(r) for r in o.document_chars]
     if provenance is not None:
         row.update(provenance)
         row["metadata"] = sample.metadata
