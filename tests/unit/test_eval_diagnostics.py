@@ -35,6 +35,9 @@ from memagent.types import Sample
 def test_contains_is_normalised_and_word_bounded():
     assert contains("The magic number is: 1234567.", "1234567")
     assert not contains("The magic number is 12345678", "1234567")
+    # a number is matched whole in the raw text: punctuation bounds it and does not join digits
+    assert all(contains(t, "1234567") for t in ("x:1234567", "x=1234567", "1234567/7654321", "(1234567)"))
+    assert not any(contains(t, "1234567") for t in ("123-4567", "12345.67", "1234,567", "91234567"))
     assert contains("VAR ABCDE = VAR XYZQW", "abcde") and not contains("VAR ABCDEF", "ABCDE")
     assert contains("Moved to New-York City", "new york city") is False  # the hyphen joins the words
     assert contains("He lives in the U.S.A. now", "usa")

@@ -36,6 +36,9 @@ def test_summarize_hand_computed():
     c8, c16 = summarize(rows)
     assert (c8.length, c8.n, c8.n_error, c8.n_empty) == (8, 4, 1, 1)
     assert c8.mean == 0.5 and c8.mean_ok == pytest.approx(2 / 3)
+    # a cell without a successful row has no mean over them (it read 0.0, like a cell of wrong answers)
+    (bad,) = summarize([dict(r, status="error", error="x") for r in rows if r["length"] == 8])
+    assert bad.mean == 0.0 and bad.mean_ok is None
     assert c8.stderr == pytest.approx(math.sqrt((4 * 0.25 / 3) / 4))
     assert c8.means == {"sub_em": 0.5, "f1": 0.25}
     assert (c16.n, c16.stderr, c16.mean) == (1, 0.0, 0.5)

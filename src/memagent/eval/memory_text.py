@@ -22,7 +22,14 @@ def contains(text: str | None, target: str) -> bool:
     made of articles only keeps its articles on both sides, as the verifiers do).
 
     ``contains("VAR ABCDE = 1", "abcde")`` is True; ``contains("12345678", "1234567")`` is False.
+
+    A target of digits only (RULER's needle values) is matched as a whole number in the raw text: punctuation
+    around it is a boundary (``"x:1234567"`` holds it) and does not join digits (``"123-4567"`` and
+    ``"12345.67"`` do not), where deleting punctuation first would do both the other way.
     """
+    bare = target.strip()
+    if bare.isascii() and bare.isdigit():
+        return re.search(rf"(?<!\d){bare}(?!\d)", text or "") is not None
     keep = not normalize_answer(target)
     t = _norm(target, keep)
     return bool(t) and f" {t} " in f" {_norm(text or '', keep)} "

@@ -4,7 +4,7 @@ Counting rules (stated so numbers can be compared across runs):
 
 - ``n`` counts every sample of the cell, errors included; an error row scores 0, so ``mean`` is over all
   ``n`` samples and failures lower it instead of vanishing from the denominator. ``mean_ok`` is over the
-  ``n - n_error`` successful samples.
+  ``n - n_error`` successful samples (``None``, an empty CSV cell, when none succeeded).
 - ``n_empty`` counts successful samples whose extracted answer is empty after RULER's clean-up
   (:func:`memagent.verifiers.ruler_clean_prediction`; RULER reports these as null predictions).
 - ``stderr`` is the standard error of ``mean``: sample standard deviation (``ddof=1``) / sqrt(n); 0 for n < 2.
@@ -39,7 +39,7 @@ class CellSummary:
     n_empty: int
     mean: float
     stderr: float
-    mean_ok: float
+    mean_ok: float | None
     means: dict[str, float] = field(default_factory=dict)
     mean_context_tokens: float | None = None
     mean_seconds: float = 0.0
@@ -104,7 +104,7 @@ def summarize(rows: Iterable[dict[str, Any]], where: str = "") -> list[CellSumma
                 n_empty=sum(1 for r in ok if not ruler_clean_prediction(r.get("answer"))),
                 mean=sum(scores) / len(scores),
                 stderr=_stderr(scores),
-                mean_ok=sum(float(r["score"]) for r in ok) / len(ok) if ok else 0.0,
+                mean_ok=sum(float(r["score"]) for r in ok) / len(ok) if ok else None,  # no ok row: no mean
                 means=means,
                 mean_context_tokens=sum(ctx) / len(ctx) if ctx else None,
                 mean_seconds=sum(float(r.get("seconds") or 0.0) for r in rs) / len(rs),

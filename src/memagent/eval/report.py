@@ -119,7 +119,7 @@ def write_csv(path: Path, series: list[tuple[str, CellSummary]], diagnostics=Non
             ctx = "" if c.mean_context_tokens is None else f"{c.mean_context_tokens:.0f}"
             extra = csv_cells(diagnostics.cell(label, c.task, c.length)) if diagnostics is not None else []
             w.writerow([label, c.task, c.length, c.length_unit, c.metric, _pct(c.mean), _pct(c.stderr), c.n, c.n_error, c.n_empty,
-                        _pct(c.mean_ok), ctx, f"{c.mean_seconds:.2f}"] + [_pct(c.means[m]) if m in c.means else "" for m in metric_names]
+                        _pct(c.mean_ok) if c.mean_ok is not None else "", ctx, f"{c.mean_seconds:.2f}"] + [_pct(c.means[m]) if m in c.means else "" for m in metric_names]
                        + extra)
 
 
