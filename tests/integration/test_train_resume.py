@@ -159,6 +159,26 @@ def test_a_resume_that_changes_prompts_per_step_continues_the_data_stream(tmp_pa
     assert saved["data_position"] == 3
 
 
+def test_a_branch_that_changes_the_optimizer_settings_trains_under_them(tmp_path):
+    """The optimizer's and schedule's saved state carried the old lr, betas and weight decay, which the restored
+    run kept while its config and warning said the new values applied."""
+    import warnings
+
+    _run(tmp_path, "run.stop_after_step=1")
+    changed = ("optim.lr=0.05", "optim.weight_decay=0.5", "optim.betas=[0.5,0.6]",
+               "run.resume_changes=[optim.lr,optim.weight_decay,optim.betas]")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t = Trainer(_cfg(tmp_path, *changed), train_samples=TRAIN, val_samples=VAL, reward_fn=parity_reward)
+    (group,) = t.optimizer.param_groups
+    assert (group["lr"], group["betas"], group["weight_decay"]) == (0.05, (0.5, 0.6), 0.5)  # past the 1-step warmup
+    t.fit()
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["lr"]) for r in rows] == [(1, 0.01), (2, 0.05)]
+    saved = torch.load(tmp_path / "checkpoints" / "step_000002.pt", map_location="cpu", weights_only=False)
+    assert saved["optimizer"]["param_groups"][0]["weight_decay"] == 0.5
+
+
 def test_training_data_is_compared_by_its_questions_not_its_path(tmp_path):
     import shutil
 

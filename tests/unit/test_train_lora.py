@@ -210,6 +210,18 @@ def test_init_from_warm_starts_the_adapter_and_refuses_what_does_not_fit(tok, tm
         load_init_adapter(warm, str(tmp_path / "junk.pt"))
     with pytest.raises(ConfigError, match="needs model.lora.enabled"):
         load_policy(load_config(None, ["model.path=tiny", f"model.lora.init_from={ckpt}"]))
+    # a checkpoint records its LoRA settings: another alpha (the same shapes at another scale, which loaded and
+    # doubled the adapter's effect) or other targets are named as such
+    import dataclasses
+
+    saved = torch.load(ckpt, weights_only=False)
+    torch.save({**saved, "lora": dataclasses.asdict(settings)}, tmp_path / "with_settings.pt")
+    assert load_init_adapter(_lora_model(tok, settings), str(tmp_path / "with_settings.pt"))["step"] == 2
+    with pytest.raises(ConfigError, match=r"other LoRA settings \(model.lora.alpha: the checkpoint's 8.0, this run's 16.0\)"):
+        load_init_adapter(_lora_model(tok, LoraSettings(enabled=True, rank=4, alpha=16.0)), str(tmp_path / "with_settings.pt"))
+    with pytest.raises(ConfigError, match=r"model.lora.target_modules: the checkpoint's \[.*\], this run's \['q_proj', 'v_proj'\]"):
+        load_init_adapter(_lora_model(tok, LoraSettings(enabled=True, rank=4, alpha=8.0, target_modules=("q_proj", "v_proj"))),
+                          str(tmp_path / "with_settings.pt"))
 
 
 def test_init_from_takes_an_exported_adapter_gguf_back_exactly(tok, tmp_path):

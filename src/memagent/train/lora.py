@@ -240,6 +240,16 @@ def load_init_adapter(model: nn.Module, path: str) -> dict[str, Any]:
     saved = state.get("model") if isinstance(state, dict) else None
     if not isinstance(saved, dict) or "adapter" not in saved:
         raise ConfigError(f"model.lora.init_from: {path!r} is not a LoRA training checkpoint (no adapter in it)")
+    trained = state.get("lora")
+    if isinstance(trained, dict):  # the shapes would load under another alpha (another scale) or name other targets
+        live = peft_model(model).peft_config["default"]
+        now = {"rank": live.r, "alpha": float(live.lora_alpha), "target_modules": sorted(live.target_modules)}
+        then = {"rank": trained.get("rank"), "alpha": float(trained.get("alpha") or 0),
+                "target_modules": sorted(trained.get("target_modules") or ())}
+        diff = [f"model.lora.{k}: the checkpoint's {then[k]!r}, this run's {now[k]!r}" for k in now if then[k] != now[k]]
+        if diff:
+            raise ConfigError(f"model.lora.init_from {path!r} holds an adapter made with other LoRA settings "
+                              f"({'; '.join(diff)}); set them to the checkpoint's")
     here = load_adapter_on_base(model, saved["adapter"], saved.get("base_fingerprint"), f"model.lora.init_from {path!r}")
     return {"step": state.get("step"), "base_fingerprint": here}
 

@@ -88,6 +88,19 @@ def make_optimizer(policy: torch.nn.Module, cfg: TrainConfig) -> tuple[torch.opt
     return optimizer, scheduler
 
 
+def apply_optim_settings(optimizer: torch.optim.Optimizer, scheduler: Any, cfg: TrainConfig) -> None:
+    """Put the config's AdamW settings (``optim.lr``, ``betas``, ``weight_decay``) into an optimizer and schedule
+    restored from a checkpoint, whose saved state carries the values it was made with: a run branched with
+    ``run.resume_changes=[optim.lr]`` trains at the new rate, as its config and warning say. The learning rate
+    of the next step is the new base rate times the schedule at the restored step."""
+    o = cfg.optim
+    scheduler.base_lrs = [o.lr] * len(optimizer.param_groups)
+    for group, lam in zip(optimizer.param_groups, scheduler.lr_lambdas):
+        group.update(initial_lr=o.lr, lr=o.lr * lam(scheduler.last_epoch), betas=tuple(o.betas),
+                     weight_decay=o.weight_decay)
+    scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
+
+
 def seed_everything(seed: int) -> None:
     """Seed Python's, NumPy's and torch's global generators."""
     import numpy as np

@@ -45,7 +45,8 @@ from memagent.train.config import TrainConfig, config_to_dict
 from memagent.train.distributed import DistInfo, all_reduce_max, all_reduce_sum, barrier, shard_fsdp, wrap_ddp
 from memagent.train.engine import make_engine
 from memagent.train.metrics import reduce_mini_batch, step_metrics
-from memagent.train.policy import load_policy, lr_lambda, make_optimizer, seed_everything  # noqa: F401 - re-exported
+from memagent.train.policy import (apply_optim_settings, load_policy, lr_lambda, make_optimizer,  # noqa: F401 - re-exported
+                                  seed_everything)
 from memagent.train.precision import resolve_compute_dtype
 from memagent.train.rollout import collect_rollouts
 from memagent.train.update import mini_batch_backward, mini_batch_units
@@ -366,6 +367,7 @@ class Trainer:
         self.checkpoints.load_optimizer_state(self.policy, self.optimizer, state["optimizer"])
         self.sync_rollout_policy()
         self.scheduler.load_state_dict(state["scheduler"])
+        apply_optim_settings(self.optimizer, self.scheduler, self.cfg)  # a branch's optim.* changes take effect
         self.step = int(state["step"])
         self.data_position = int(state.get("data_position", self.step * self.cfg.rl.prompts_per_step))
         self.skipped_updates = int(state.get("skipped_updates", 0))
