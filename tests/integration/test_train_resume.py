@@ -2,6 +2,7 @@
 parameters as an uninterrupted run."""
 
 import json
+import os
 
 import pytest
 
@@ -215,6 +216,36 @@ def test_more_questions_a_step_than_the_data_holds_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"rl.prompts_per_step=8 exceeds the 4 training questions .*lower "
                                           r"rl.prompts_per_step"):
         _run(tmp_path / "p", "rl.prompts_per_step=8")
+    assert not (tmp_path / "p").exists()  # refused while being built: the folder it made (for its lock) is gone
+    # a rollout engine's scratch written before the refusal goes too (it stranded the folder: "holds files but no
+    # training run (rollout_init)"), and a folder holding one is taken as a run's
+    (tmp_path / "s").mkdir()
+    from memagent.train import trainer as trainer_module
+
+    real = trainer_module.make_engine
+
+    def engine_writing_scratch(cfg, *args):
+        os.makedirs(os.path.join(cfg.run.output_dir, "rollout_init"))
+        return real(cfg, *args)
+
+    trainer_module.make_engine = engine_writing_scratch
+    try:
+        with pytest.raises(ConfigError, match="exceeds the 4 training questions"):
+            _run(tmp_path / "s", "rl.prompts_per_step=8")
+    finally:
+        trainer_module.make_engine = real
+    assert sorted(os.listdir(tmp_path / "s")) == [".train.lock"]
+    (tmp_path / "s" / "rollout_init").mkdir()
+    assert _run(tmp_path / "s").step == 2
+
+
+def test_two_trainers_cannot_share_a_run_folder(tmp_path):
+    """A double launch (or a requeued job beside the first) interleaved metrics rows [1, 1, 2, 2] and checkpoints."""
+    first = Trainer(_cfg(tmp_path), train_samples=TRAIN, val_samples=VAL, reward_fn=parity_reward)
+    with pytest.raises(ConfigError, match=r"run.output_dir .* is locked: another memagent train is writing to it"):
+        Trainer(_cfg(tmp_path), train_samples=TRAIN, val_samples=VAL, reward_fn=parity_reward)
+    first.fit()  # the lock goes when the run ends
+    assert Trainer(_cfg(tmp_path), train_samples=TRAIN, val_samples=VAL, reward_fn=parity_reward).step == 2
 
 
 def test_a_rerun_of_a_finished_run_trains_nothing_and_leaves_its_policy_as_it_was(tmp_path):

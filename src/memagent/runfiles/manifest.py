@@ -140,6 +140,51 @@ def _flock(path: Path, locked: str, what: str, log: Callable[[str], None] | None
         f.close()  # closing the only descriptor releases the lock
 
 
+class FolderLock:
+    """An exclusive, non-blocking ``flock`` on ``FOLDER/NAME`` held from :meth:`acquire` to :meth:`release` (or
+    the end of the process, however it ends): for a lock that outlives one ``with`` block, such as a training
+    run's, taken when the trainer is built and released when it has trained. A no-op where ``fcntl`` does not
+    exist; a warning to ``log`` where the file system refuses locks.
+
+    Args:
+        folder: the folder to lock (created if missing).
+        name: the lock file's name in it.
+        locked: the error when another process holds the lock.
+    """
+
+    def __init__(self, folder: str | os.PathLike, name: str, locked: str):
+        self.path, self.locked, self._file = Path(folder) / name, locked, None
+
+    def acquire(self, log: Callable[[str], None] | None = None) -> None:
+        """Take the lock.
+
+        Raises:
+            ConfigError: another process (or another lock object of this process) holds it.
+        """
+        try:
+            import fcntl
+        except ImportError:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(self.path, "a+b")
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            f.close()
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise ConfigError(self.locked) from None
+            (log or (lambda _msg: None))(f"warning: cannot lock {self.path.parent} ({e.strerror or e}); running "
+                                         "without a lock")
+            return
+        self._file = f
+
+    def release(self) -> None:
+        """Let the lock go (closing the only descriptor releases it); the lock file stays. Idempotent."""
+        f, self._file = self._file, None
+        if f is not None:
+            f.close()
+
+
 def folder_problem(path: str | os.PathLike) -> str | None:
     """Why ``path`` cannot be (or become) an output folder, as words to follow the path in a message ("is a
     file", "is under 'x', which is a file"), or None. Checked before anything is created, so a bad

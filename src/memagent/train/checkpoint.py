@@ -40,7 +40,11 @@ RESUMABLE_CHANGES = frozenset({
 
 #: What a training run writes into ``run.output_dir`` besides ``config.json``: a folder holding any of them is
 #: a run's (maybe one stopped during its first validation), and may be resumed.
-RUN_ENTRIES = ("metrics.jsonl", "checkpoints", "val", "tb", "policy", "adapter", "rollout", "rollout_adapters")
+RUN_ENTRIES = ("metrics.jsonl", "checkpoints", "val", "tb", "policy", "adapter", "rollout", "rollout_adapters",
+               "rollout_init")
+#: The rollout engines' scratch folders (weights or adapters handed to llama.cpp or vLLM): a trainer refused
+#: before it trained anything removes those it wrote.
+SCRATCH_ENTRIES = ("rollout", "rollout_adapters", "rollout_init")
 
 
 def check_output_dir(path: str | os.PathLike) -> None:

@@ -23,9 +23,11 @@ Source: reference-memagent.md §4.1 (hyperparameters), §4.7 (step), §4.8 (upda
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import os
+import shutil
 import time
 import warnings
 import zlib
@@ -37,10 +39,11 @@ import torch
 from memagent.errors import ConfigError
 from memagent.rl.advantages import group_advantages
 from memagent.rl.multiconv import broadcast_advantages, check_rows
-from memagent.runfiles import append_rows, first_missing, keep_lines, remove_created, write_json
+from memagent.runfiles import FolderLock, append_rows, first_missing, keep_lines, remove_created, write_json
 from memagent.train import data
 from memagent.train.batching import TokenLogProbs, row_logprobs, split_trajectories
-from memagent.train.checkpoint import Checkpointer, check_output_dir, optimizer_by_index, optimizer_by_name  # noqa: F401 - re-exported
+from memagent.train.checkpoint import (SCRATCH_ENTRIES, Checkpointer, check_output_dir, optimizer_by_index,  # noqa: F401
+                                      optimizer_by_name)
 from memagent.train.config import TrainConfig, config_to_dict
 from memagent.train.distributed import DistInfo, all_reduce_max, all_reduce_sum, barrier, shard_fsdp, wrap_ddp
 from memagent.train.engine import make_engine
@@ -78,12 +81,28 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, dist_info: DistInfo | None = None, train_samples=None, val_samples=None,
                  reward_fn=None):
-        from memagent.agent.prompts import DEFAULT_TEMPLATES, PromptTemplates
-        from memagent.scoring import score
-
         self.cfg, self.dist = cfg, dist_info or DistInfo()
         self._check_sizes()
         check_output_dir(cfg.run.output_dir)
+        self.out_dir = cfg.run.output_dir
+        self._created = first_missing(self.out_dir)  # what this run adds on the way to its folder (None: it exists)
+        self._scratch_before = {n for n in SCRATCH_ENTRIES if os.path.exists(os.path.join(self.out_dir, n))}
+        # one trainer per folder: a second (a double launch, a requeued job) would interleave metrics and checkpoints
+        self._lock = FolderLock(self.out_dir, ".train.lock",
+                                f"run.output_dir {self.out_dir!r} is locked: another memagent train is writing to it; "
+                                "wait for it to finish, or give another run.output_dir")
+        if self.dist.is_main:
+            self._lock.acquire()
+        try:
+            self._build(cfg, train_samples, val_samples, reward_fn)
+        except BaseException:
+            self._abandon()
+            raise
+
+    def _build(self, cfg: TrainConfig, train_samples, val_samples, reward_fn) -> None:
+        from memagent.agent.prompts import DEFAULT_TEMPLATES, PromptTemplates
+        from memagent.scoring import score
+
         if cfg.run.torch_threads:
             torch.set_num_threads(cfg.run.torch_threads)
         seed_everything(cfg.run.seed)
@@ -97,8 +116,6 @@ class Trainer:
         self.engine = make_engine(cfg, self.dist, self.policy, self.hf_tokenizer, self.fsdp)
         self._wrap_scorers()
         self.optimizer, self.scheduler = make_optimizer(self.policy, cfg)
-        self.out_dir = cfg.run.output_dir
-        self._created = first_missing(self.out_dir)  # what this run adds on the way to its folder (None: it exists)
         self.pad_id = self.backend.pad_id
         self.templates = PromptTemplates.from_file(cfg.agent.rollout.templates) if cfg.agent.rollout.templates \
             else DEFAULT_TEMPLATES
@@ -197,7 +214,9 @@ class Trainer:
 
     def close(self) -> None:
         """Release the rollout engine (a vLLM engine's memory and process groups). Call it after the last
-        collective of the run: under torchrun vLLM's teardown also destroys the process groups it joined."""
+        collective of the run: under torchrun vLLM's teardown also destroys the process groups it joined. The
+        run folder's lock goes too."""
+        self._lock.release()
         self.engine.close()
 
     def agent(self, temperature: float, top_p: float, seed: int | None):
@@ -416,10 +435,27 @@ class Trainer:
             if untrained and not self._trained_anything():
                 if before is None:
                     os.remove(config_path)
-                    remove_created(self.out_dir, self._created)
+                    self._abandon()
                 else:
                     Path(config_path).write_bytes(before)
             raise
+        finally:
+            self._lock.release()
+
+    def _abandon(self) -> None:
+        """A trainer refused or stopped before it trained anything: let the folder's lock go and leave the folder
+        as it was (the rollout engine's scratch this trainer wrote removed; a folder it created removed when
+        empty), so that the corrected command starts there rather than meeting "holds files but no run"."""
+        self._lock.release()
+        if not self.dist.is_main or self._trained_anything():
+            return
+        for name in SCRATCH_ENTRIES:
+            if name not in self._scratch_before:
+                shutil.rmtree(os.path.join(self.out_dir, name), ignore_errors=True)
+        if self._created is not None:
+            with contextlib.suppress(OSError):
+                self._lock.path.unlink()
+        remove_created(self.out_dir, self._created)
 
     def _trained_anything(self) -> bool:
         """Whether the output folder holds metrics or checkpoints (rollout scratch folders do not count)."""
