@@ -43,6 +43,19 @@ def _lora_model(tok, settings=LoraSettings(enabled=True), dtype=torch.float32, s
     return apply_lora(make_tiny_model(tok, seed=seed).to(dtype), settings)
 
 
+def test_tied_embedding_layers_are_refused_as_targets(tok):
+    """The tiny model ties embed_tokens and lm_head (as SmolLM2 does): merging an adapter on one changes both, so
+    the exported model was not the trained policy (logits 19 apart for embed_tokens)."""
+    for target in ("embed_tokens", "lm_head"):
+        with pytest.raises(ConfigError, match=rf"model.lora.target_modules \['{target}'\]: this model ties its input "
+                                              r"embedding and output head"):
+            _lora_model(tok, LoraSettings(enabled=True, target_modules=("q_proj", target)))
+    untied = make_tiny_model(tok)
+    untied.config.tie_word_embeddings = False
+    untied.lm_head.weight = torch.nn.Parameter(untied.lm_head.weight.detach().clone())
+    assert apply_lora(untied, LoraSettings(enabled=True, target_modules=("lm_head",))) is not None
+
+
 def test_settings_are_checked():
     for kw, msg in [({"rank": 0}, "rank must be >= 1"), ({"alpha": 0}, "alpha must be > 0"),
                     ({"dropout": 1.0}, r"dropout must be in \[0, 1\)"), ({"target_modules": ()}, "at least one")]:

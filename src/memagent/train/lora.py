@@ -84,6 +84,18 @@ def adaptable_module_names(model: nn.Module) -> list[str]:
     return sorted({name.rsplit(".", 1)[-1] for name, mod in model.named_modules() if name and isinstance(mod, kinds)})
 
 
+def _tied_embedding_modules(model: nn.Module) -> set[str]:
+    """The names of the input embedding and output head when they share one weight (``tie_word_embeddings``)."""
+    try:
+        inp, out = model.get_input_embeddings(), model.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        return set()
+    if inp is None or out is None or getattr(inp, "weight", None) is not getattr(out, "weight", False):
+        return set()
+    names = {id(m): n.rsplit(".", 1)[-1] for n, m in model.named_modules()}
+    return {names.get(id(inp)), names.get(id(out))} - {None}
+
+
 def apply_lora(model: nn.Module, settings: LoraSettings) -> nn.Module:
     """Inject LoRA adapters into ``model`` and freeze everything else.
 
@@ -99,7 +111,8 @@ def apply_lora(model: nn.Module, settings: LoraSettings) -> nn.Module:
         the peft model (``peft.PeftModelForCausalLM``); its trainable parameters are the adapters only.
 
     Raises:
-        ConfigError: a target module name that the model lacks (the message lists the ones it has).
+        ConfigError: a target module name that the model lacks (the message lists the ones it has), or the input
+            embedding or output head of a model that ties them (one weight: a merged export would change both).
 
     Source: Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models".
     """
@@ -109,6 +122,12 @@ def apply_lora(model: nn.Module, settings: LoraSettings) -> nn.Module:
     missing = [t for t in settings.target_modules if t not in have]
     if missing:
         raise ConfigError(f"model.lora.target_modules {missing} are not modules of this model; it has: {', '.join(have)}")
+    tied = _tied_embedding_modules(model) & set(settings.target_modules)
+    if tied:
+        raise ConfigError(f"model.lora.target_modules {sorted(tied)}: this model ties its input embedding and output "
+                          "head (tie_word_embeddings, one weight), so an adapter trained on one of them would change "
+                          "both once merged (memagent export), which is not the policy trained; adapt the other "
+                          f"layers ({', '.join(t for t in have if t not in tied)})")
     config = LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
                         target_modules=list(settings.target_modules), bias="none", task_type="CAUSAL_LM")
     with warnings.catch_warnings():  # peft asks transformers a deprecated question; nothing for our users to do
