@@ -9,25 +9,34 @@ from typer.testing import CliRunner  # noqa: E402
 
 
 def test_a_finished_run_exports_as_an_hf_model(tmp_path):
+    import json
+    import re
+
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from memagent.cli import app
 
     run, out = tmp_path / "run", tmp_path / "hf"
     n = torch.get_num_threads()
+    train = ["train", "--config", "configs/train_cpu_small.yaml", f"run.output_dir={run}", "run.val_before_train=false",
+             "run.val_every=0", "run.torch_threads=1", "rl.group_size=2", "data.synthetic_context_words=12",
+             "agent.chunk_tokens=48", "agent.memory_tokens=4", "agent.final_tokens=4", "run.tensorboard=false"]
     try:
-        res = CliRunner().invoke(app, [
-            "train", "--config", "configs/train_cpu_small.yaml", f"run.output_dir={run}", "run.total_steps=1",
-            "run.val_before_train=false", "run.val_every=0", "run.torch_threads=1", "rl.group_size=2",
-            "data.synthetic_context_words=12", "agent.chunk_tokens=48", "agent.memory_tokens=4",
-            "agent.final_tokens=4", "run.tensorboard=false",
-        ])
+        res = CliRunner().invoke(app, [*train, "run.total_steps=1"])
         assert res.exit_code == 0, res.output
         res = CliRunner().invoke(app, ["export", str(run), "--out", str(out)])
         assert res.exit_code == 0, res.output
-        assert res.stdout.strip() == str(out)
+        assert res.stdout.strip() == str(out) and "warning" not in res.output
         want = AutoModelForCausalLM.from_pretrained(run / "policy").state_dict()
         got = AutoModelForCausalLM.from_pretrained(out).state_dict()
+        # continued past its end and stopped before the new one: policy/ still holds step 1, and export says so
+        # (it exported the older weights silently)
+        res = CliRunner().invoke(app, [*train, "run.total_steps=3", "run.stop_after_step=2", "run.save_every=1"])
+        assert res.exit_code == 0, res.output
+        assert json.loads((run / "policy" / "training_step.json").read_text()) == {"step": 1}
+        res = CliRunner().invoke(app, ["export", str(run), "--out", str(tmp_path / "stale")])
+        assert res.exit_code == 0 and re.search(r"warning: .*policy holds step 1, but the run's newest checkpoint is "
+                                                r"step 2 .* give --checkpoint 2", " ".join(res.output.split())), res.output
     finally:
         torch.set_num_threads(n)
     assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
@@ -49,6 +58,8 @@ def test_bad_export_requests_are_named_before_any_model_loads(tmp_path):
         ([str(run), "--out", str(tmp_path / "o"), "--dtype", "f16"], "--dtype f16 applies to --format gguf and "
                                                                     "lora-gguf; --format hf writes float32"),
         ([str(run), "--out", str(tmp_path / "doc.txt" / "sub")], "is under '.*doc.txt', which is a file; choose a new"),
+        ([str(run), "--out", str(tmp_path / "o"), "--format", "gguf", "--dtype", "bf16"], "--dtype must be f16 or f32, "
+                                                                                          "got 'bf16'"),
         ([str(run), "--out", str(tmp_path / "o")], "config.json: the run's training config cannot be read"),
         ([str(tmp_path / "doc.txt"), "--out", str(tmp_path / "o")], "doc.txt' is a file; give the training run's folder"),
     ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -20,10 +21,21 @@ def export_command(
                                              "newest policy: a step number (RUN_DIR/checkpoints/step_*.pt) or a checkpoint file"),
 ) -> None:
     """Export a run's trained policy (or an earlier kept step) as an HF model directory, a GGUF, or a llama.cpp LoRA adapter."""
-    from memagent.export.run import export_run
+    from memagent.export.run import StaleExportWarning, export_run
+
+    shown = warnings.showwarning
+
+    def show(message, category, *args, **kwargs):  # ours as one line on stderr; the libraries' as they come
+        if issubclass(category, StaleExportWarning):
+            typer.secho(f"warning: {message}", fg="yellow", err=True)
+        else:
+            shown(message, category, *args, **kwargs)
 
     try:
-        written = export_run(run_dir, out, fmt, dtype, checkpoint)
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", StaleExportWarning)
+            warnings.showwarning = show
+            written = export_run(run_dir, out, fmt, dtype, checkpoint)
     except MemagentError as e:
         typer.secho(f"error: {e}", fg="red", err=True)
         raise typer.Exit(2) from e

@@ -30,6 +30,7 @@ import json
 import os
 import re
 import tempfile
+import warnings
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -90,6 +91,7 @@ def find_policy(run_dir: str | os.PathLike) -> RunPolicy:
                               "adapter's base_model_name_or_path names one")
         return RunPolicy("lora", adapter, base, seed)
     if os.path.isfile(os.path.join(policy, "config.json")):
+        _warn_if_stale(run, policy)
         return RunPolicy("full", policy, base, seed)
     held = sorted(os.listdir(run))
     hint = (" It has checkpoints/ only: a run stopped before its last step; resume it to the end "
@@ -97,6 +99,28 @@ def find_policy(run_dir: str | os.PathLike) -> RunPolicy:
         if "checkpoints" in held else ""
     raise ConfigError(f"{run} holds no trained policy: expected policy/ (an HF model directory, written when "
                       f"training finishes) or adapter/ (a peft LoRA adapter); it holds {held or 'nothing'}.{hint}")
+
+
+class StaleExportWarning(UserWarning):
+    """``policy/`` holds an earlier step than the run's newest checkpoint."""
+
+
+def _kept_steps(run: str) -> list[int]:
+    folder = os.path.join(run, "checkpoints")
+    return sorted(int(m.group(1)) for f in (os.listdir(folder) if os.path.isdir(folder) else [])
+                  if (m := re.fullmatch(r"step_(\d+)\.pt", f)))
+
+
+def _warn_if_stale(run: str, policy: str) -> None:
+    """Warn when ``policy/`` holds an earlier step than the run's newest checkpoint: a finished run continued
+    (``run.total_steps`` raised) and stopped before its new end keeps its old ``policy/``."""
+    from memagent.train.checkpoint import policy_step
+
+    step, kept = policy_step(policy), _kept_steps(run)
+    if step is not None and kept and kept[-1] > step:
+        warnings.warn(f"{policy} holds step {step}, but the run's newest checkpoint is step {kept[-1]} (the run went "
+                      f"on after policy/ was written and stopped before its end); exporting step {step}: give "
+                      f"--checkpoint {kept[-1]} for the newest weights, or resume the run to its end", StaleExportWarning, stacklevel=3)
 
 
 def load_base(policy: RunPolicy) -> tuple[Any, Any]:
@@ -323,6 +347,8 @@ def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str 
     if fmt == "hf" and dtype not in (None, "f32"):
         raise ConfigError(f"--dtype {dtype} applies to --format gguf and lora-gguf; --format hf writes float32 "
                           "(drop --dtype, or give f32)")
+    if dtype not in (None, "f16", "f32"):  # before any model loads (it was refused after the merge)
+        raise ConfigError(f"--dtype must be f16 or f32, got {dtype!r}")
     out = os.fspath(out_dir)
     from memagent.runfiles import folder_problem
 

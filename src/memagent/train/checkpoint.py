@@ -42,6 +42,23 @@ RESUMABLE_CHANGES = frozenset({
 #: a run's (maybe one stopped during its first validation), and may be resumed.
 RUN_ENTRIES = ("metrics.jsonl", "checkpoints", "val", "tb", "policy", "adapter", "rollout", "rollout_adapters",
                "rollout_init")
+#: The file in ``policy/`` or ``adapter/`` that records the training step the folder holds.
+POLICY_STEP_FILE = "training_step.json"
+
+
+def policy_step(folder: str | os.PathLike) -> int | None:
+    """The training step a run's ``policy/`` or ``adapter/`` holds (:data:`POLICY_STEP_FILE`); ``None`` when the
+    folder or the record is missing or unreadable (folders written before the record existed)."""
+    import json
+
+    try:
+        with open(os.path.join(folder, POLICY_STEP_FILE), encoding="utf-8") as f:
+            step = json.load(f).get("step")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
 #: The rollout engines' scratch folders (weights or adapters handed to llama.cpp or vLLM): a trainer refused
 #: before it trained anything removes those it wrote.
 SCRATCH_ENTRIES = ("rollout", "rollout_adapters", "rollout_init")

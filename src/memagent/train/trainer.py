@@ -42,8 +42,8 @@ from memagent.rl.multiconv import broadcast_advantages, check_rows
 from memagent.runfiles import FolderLock, append_rows, first_missing, keep_lines, remove_created, write_json
 from memagent.train import data
 from memagent.train.batching import TokenLogProbs, row_logprobs, split_trajectories
-from memagent.train.checkpoint import (SCRATCH_ENTRIES, Checkpointer, check_output_dir, optimizer_by_index,  # noqa: F401
-                                      optimizer_by_name)
+from memagent.train.checkpoint import (POLICY_STEP_FILE, SCRATCH_ENTRIES, Checkpointer, check_output_dir, optimizer_by_index,  # noqa: F401
+                                      optimizer_by_name, policy_step)
 from memagent.train.config import TrainConfig, config_to_dict
 from memagent.train.distributed import DistInfo, all_reduce_max, all_reduce_sum, barrier, shard_fsdp, wrap_ddp
 from memagent.train.engine import make_engine
@@ -352,21 +352,21 @@ class Trainer:
         """Write the trained policy where ``memagent export`` reads it (main process), and ``config.json`` (the
         resolved training config) next to it. LoRA: ``output_dir/adapter/`` (peft ``save_pretrained``: the adapter
         and its config, plus the tokenizer), replaced whole so a kill never leaves half of one; full fine-tuning:
-        ``output_dir/policy/`` (a transformers model directory). Returns the directory."""
+        ``output_dir/policy/`` (a transformers model directory), replaced whole too. Either records its step in
+        :data:`POLICY_STEP_FILE`. Returns the directory."""
         write_json(os.path.join(self.out_dir, "config.json"), config_to_dict(self.cfg), indent=1)
-        if not self.cfg.model.lora.enabled:
-            path = os.path.join(self.out_dir, "policy")
-            self.engine.save_policy(path)  # full weights, also under FSDP
-            return path
-        import shutil
-
-        path = os.path.join(self.out_dir, "adapter")
+        lora = self.cfg.model.lora.enabled
+        path = os.path.join(self.out_dir, "adapter" if lora else "policy")
         tmp, old = path + ".tmp", path + ".old"
         shutil.rmtree(tmp, ignore_errors=True)
-        with warnings.catch_warnings():  # peft asks transformers a deprecated question; nothing for users to do
-            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-            self.policy.save_pretrained(tmp)
-        self.hf_tokenizer.save_pretrained(tmp)
+        if lora:
+            with warnings.catch_warnings():  # peft asks transformers a deprecated question; nothing for users to do
+                warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+                self.policy.save_pretrained(tmp)
+            self.hf_tokenizer.save_pretrained(tmp)
+        else:
+            self.engine.save_policy(tmp)  # full weights, also under FSDP
+        write_json(os.path.join(tmp, POLICY_STEP_FILE), {"step": self.step})  # which step it is (memagent export)
         if os.path.exists(path):
             os.replace(path, old)
         os.replace(tmp, path)
@@ -481,7 +481,7 @@ class Trainer:
             if r.stop_after_step is not None and self.step >= r.stop_after_step:
                 break
         model_dir = os.path.join(self.out_dir, "adapter" if self.cfg.model.lora.enabled else "policy")
-        if self.step >= r.total_steps and self.dist.is_main and (self.step > start or not os.path.isdir(model_dir)):
+        if self.step >= r.total_steps and self.dist.is_main and (self.step > start or policy_step(model_dir) != self.step):
             self.save_model_dir()  # a rerun of a finished run trained nothing: its policy folder is already there
         if self._writer is not None:
             self._writer.close()
