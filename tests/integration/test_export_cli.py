@@ -63,8 +63,11 @@ def test_bad_export_requests_are_named_before_any_model_loads(tmp_path):
         ([str(run), "--out", str(tmp_path / "o")], "config.json: the run's training config cannot be read"),
         ([str(tmp_path / "doc.txt"), "--out", str(tmp_path / "o")], "doc.txt' is a file; give the training run's folder"),
     ]
+    import os
     import re
 
+    if os.path.isdir("/sys"):  # a read-only file system: an error before any model loads, not a PermissionError
+        cases.append(([str(run), "--out", "/sys/memagent-out"], "--out '/sys/memagent-out' cannot be written"))
     for args, message in cases:
         res = CliRunner().invoke(app, ["export", *args])
         assert res.exit_code == 2 and re.search(message, " ".join(res.output.split())), res.output

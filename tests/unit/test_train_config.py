@@ -226,6 +226,10 @@ def test_an_output_dir_that_cannot_hold_a_run_is_refused_before_any_model_loads(
         (export, "'.*export' holds a config.json that is not a training config .an exported model.., which the run would overwrite"),
         (notes, r"'.*notes' holds files but no training run \(README.md\); give a new or empty folder"),
     ]
+    import os
+
+    if os.path.isdir("/sys"):  # a read-only file system (sysfs): refused before the model loads, not a traceback
+        cases.append(("/sys/memagent-run", "'/sys/memagent-run' cannot be written \\(/sys: "))
     for out, message in cases:
         with pytest.raises(ConfigError, match="run.output_dir " + message):
             Trainer(load_config("configs/train_cpu_small.yaml", [f"run.output_dir={out}"]))

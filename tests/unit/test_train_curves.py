@@ -46,6 +46,15 @@ def test_curves_from_files(tmp_path):
         read_metrics(tmp_path)
     with pytest.raises(SystemExit, match="error: no metrics.jsonl"):
         main([str(tmp_path / "missing"), str(tmp_path / "out")])
+    # a line that is JSON but no metrics row, and an OUT_DIR under a file: errors, not tracebacks
+    for bad in ('[1, 2]\n', '{"reward/mean": 0.5}\n', '{"step": true}\n'):
+        (run / "metrics.jsonl").write_text('{"step": 1}\n' + bad)
+        with pytest.raises(DataError, match=r"metrics.jsonl:2: not a metrics row"):
+            read_metrics(run)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(SystemExit, match=r"error: OUT_DIR .*afile/sub' is under .*afile', which is a file"):
+        main([str(run), str(tmp_path / "afile" / "sub")])
 
 
 def test_reward_choices():

@@ -350,11 +350,13 @@ def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str 
     if dtype not in (None, "f16", "f32"):  # before any model loads (it was refused after the merge)
         raise ConfigError(f"--dtype must be f16 or f32, got {dtype!r}")
     out = os.fspath(out_dir)
-    from memagent.runfiles import folder_problem
+    from memagent.runfiles import folder_problem, unwritable
 
     problem = folder_problem(out)
     if problem and problem != "is a file":
         raise ConfigError(f"--out {out!r} {problem}; choose a new folder")
+    if not problem and (problem := unwritable(out)):
+        raise ConfigError(f"--out {out!r} {problem}; choose a folder you can write")
     if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
         raise ConfigError(f"--out {out!r} exists and is not an empty directory; choose a new folder")
     if checkpoint is None:

@@ -14,7 +14,7 @@ The agent, evaluation, training and the command line read and write these files 
 
 from memagent.runfiles.jsonl import JsonlWriter, append_rows, complete_lines, keep_lines, parse_line, repair_tail, rewrite
 from memagent.runfiles.manifest import (FolderLock, first_missing, folder_problem, git_commit, output_lock, package_version,
-                                       read_manifest, remove_created, run_lock, write_json, write_manifest)
+                                       read_manifest, remove_created, run_lock, unwritable, write_json, write_manifest)
 from memagent.runfiles.predictions import finished_ids, input_sha256, resume_predictions
 from memagent.runfiles.resume import describe, setting_changes, settings_hash
 from memagent.runfiles.rows import (
@@ -35,6 +35,6 @@ __all__ = [
     "FolderLock", "NOT_RUN", "OPTIONAL_ROW_FIELDS", "ROW_FIELDS", "JsonlWriter", "Outcome", "ResultWriter", "append_rows", "check_row", "check_trace_file",
     "complete_lines", "describe", "finished_ids", "first_missing", "input_sha256", "folder_problem", "git_commit", "keep_lines", "package_version", "parse_line",
     "prune_trace", "read_manifest", "read_results", "read_trace", "remove_created", "repair_tail", "result_row", "resume_predictions", "rewrite",
-    "output_lock", "row_key", "row_sample_id", "run_lock", "setting_changes", "settings_hash", "trace_rows", "write_json",
+    "output_lock", "row_key", "row_sample_id", "run_lock", "setting_changes", "settings_hash", "trace_rows", "unwritable", "write_json",
     "write_manifest", "write_trace",
 ]

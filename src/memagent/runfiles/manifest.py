@@ -200,6 +200,23 @@ def folder_problem(path: str | os.PathLike) -> str | None:
     return None
 
 
+def unwritable(path: str | os.PathLike) -> str | None:
+    """Why ``path`` (an existing folder, or one to be created) cannot be written, as words to follow the path in a
+    message, or None: the nearest existing folder on its way is tried with a scratch folder made and removed at
+    once (a read-only or system file system, a folder without write permission), before any model loads."""
+    import tempfile
+
+    p = Path(path).absolute()
+    near = next((q for q in [p, *p.parents] if q.is_dir()), None)
+    if near is None:
+        return None
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".memagent-probe-", dir=near))
+    except OSError as e:
+        return f"cannot be written ({near}: {e.strerror or e})"
+    return None
+
+
 def first_missing(path: str | os.PathLike) -> Path | None:
     """The highest folder on the way to ``path`` (``path`` included) that does not exist yet: what creating
     ``path`` would add, so that a refused run can remove exactly that (see :func:`remove_created`)."""

@@ -74,10 +74,10 @@ def check_output_dir(path: str | os.PathLike) -> None:
     Raises:
         ConfigError: naming the folder and what to do.
     """
-    from memagent.runfiles import folder_problem
+    from memagent.runfiles import folder_problem, unwritable
 
     where = f"run.output_dir {os.fspath(path)!r}"
-    problem = folder_problem(path)
+    problem = folder_problem(path) or unwritable(path)
     if problem:
         raise ConfigError(f"{where} {problem}; give a new or empty folder (or a training run's folder to resume it)")
     if not os.path.isdir(path):

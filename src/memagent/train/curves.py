@@ -19,7 +19,8 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
     """The rows of ``<run_dir>/metrics.jsonl`` in file order (a last line torn by a kill is not read).
 
     Raises:
-        DataError: the file is missing or a complete line is not JSON (names the line).
+        DataError: the file is missing, or a complete line is not JSON, not an object or has no whole ``step``
+            (names the line).
     """
     from memagent.runfiles import complete_lines
 
@@ -30,9 +31,13 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
     for n, line in complete_lines(path):
         if line.strip():
             try:
-                rows.append(json.loads(line))
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                row = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError, ValueError, RecursionError) as e:
                 raise DataError(f"{path}:{n}: not JSON ({getattr(e, 'msg', e)})") from None
+            if not isinstance(row, dict) or not isinstance(row.get("step"), int) or isinstance(row.get("step"), bool):
+                raise DataError(f"{path}:{n}: not a metrics row (a JSON object with a whole 'step'); fix or remove "
+                                "that line")
+            rows.append(row)
     return rows
 
 
@@ -104,10 +109,17 @@ def main(argv: list[str] | None = None) -> None:
         rows = read_metrics(args[0])
     except DataError as e:
         raise SystemExit(f"error: {e}") from None
+    from memagent.runfiles import folder_problem
+
     out = Path(args[1])
-    out.mkdir(parents=True, exist_ok=True)
-    plot_rewards(rows, out / "reward_curve.png")
-    (out / "validation.md").write_text(validation_table(rows), encoding="utf-8")
+    if problem := folder_problem(out):
+        raise SystemExit(f"error: OUT_DIR {str(out)!r} {problem}; give a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        plot_rewards(rows, out / "reward_curve.png")
+        (out / "validation.md").write_text(validation_table(rows), encoding="utf-8")
+    except OSError as e:
+        raise SystemExit(f"error: cannot write into {str(out)!r} ({e.strerror or e})") from None
     print(f"wrote {out / 'reward_curve.png'} and {out / 'validation.md'}")
 
 
