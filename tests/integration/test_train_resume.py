@@ -128,7 +128,14 @@ def test_cosine_schedule_refuses_a_new_run_length_on_resume(tmp_path):
     _run(tmp_path / "cut", "optim.schedule=cosine", "run.stop_after_step=1")
     with pytest.raises(ConfigError, match=r"run.total_steps \(the cosine schedule decays to 0 at it\): 2 -> 4"):
         _run(tmp_path / "cut", "optim.schedule=cosine", "run.total_steps=4")
+    import shutil
+
+    shutil.copytree(tmp_path / "cut", tmp_path / "branch")
     assert _run(tmp_path / "cut", "optim.schedule=cosine").step == 2
+    # named in run.resume_changes, as the refusal advises, the new length is a branch (it was refused all the same)
+    with pytest.warns(UserWarning, match=r"run.total_steps \(the cosine schedule decays to 0 at it\): 2 -> 3"):
+        t = _run(tmp_path / "branch", "optim.schedule=cosine", "run.total_steps=3", "run.resume_changes=[run.total_steps]")
+    assert t.step == 3
 
 
 def test_an_edited_template_file_is_refused_on_resume(tmp_path):
@@ -139,10 +146,17 @@ def test_an_edited_template_file_is_refused_on_resume(tmp_path):
     _run(tmp_path / "cut", f"agent.templates={path}", "run.stop_after_step=1")
     original = path.read_text()
     path.write_text(original.replace("No previous memory", "No memory yet", 1))
-    with pytest.raises(ConfigError, match=r"prompt templates \(agent.templates' text\)"):
+    with pytest.raises(ConfigError, match=r"agent.templates \(the prompt templates' text\)"):
         _run(tmp_path / "cut", f"agent.templates={path}")
     path.write_text(original)
-    assert _run(tmp_path / "cut", f"agent.templates={path}").step == 2
+    same = tmp_path / "same.yaml"  # the same text under another path: compared by text, not refused
+    same.write_text(original)
+    assert _run(tmp_path / "cut", f"agent.templates={same}").step == 2
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(original.replace("No previous memory", "No memory yet", 1))
+    with pytest.warns(UserWarning, match=r"agent.templates \(the prompt templates' text\)"):
+        t = _run(tmp_path / "cut", f"agent.templates={edited}", "run.total_steps=3", "run.resume_changes=[agent.templates]")
+    assert t.step == 3
 
 
 def test_a_resume_that_changes_prompts_per_step_continues_the_data_stream(tmp_path):

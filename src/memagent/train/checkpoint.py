@@ -246,12 +246,15 @@ class Checkpointer:
             changes = [c for c in changes if c[0] != key]  # the questions, not the path they came from
             if old != new:
                 changes.append((key, f"questions with sha256 {old[:12]}...", f"questions with sha256 {new[:12]}..."))
-        changed, branched = self._branch(changes)
-        if state.get("templates_hash", templates_hash) != templates_hash:  # the file's text, not its path
-            changed.append(("prompt templates (agent.templates' text)", state["templates_hash"], templates_hash))
+        if state.get("templates_hash", templates_hash) == templates_hash:  # the file's text, not its path
+            changes = [c for c in changes if c[0] != "agent.templates"]
+        else:
+            changes = [c for c in changes if c[0] != "agent.templates"]
+            changes.append(("agent.templates (the prompt templates' text)", state["templates_hash"], templates_hash))
         old_total = state.get("config", {}).get("run", {}).get("total_steps", self.cfg.run.total_steps)
         if self.cfg.optim.schedule == "cosine" and old_total != self.cfg.run.total_steps:
-            changed.append(("run.total_steps (the cosine schedule decays to 0 at it)", old_total, self.cfg.run.total_steps))
+            changes.append(("run.total_steps (the cosine schedule decays to 0 at it)", old_total, self.cfg.run.total_steps))
+        changed, branched = self._branch(changes)
         if changed:
             listing = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changed[:8])
             raise ConfigError(f"{path} was saved with other settings ({listing}); resume with the checkpoint's "
@@ -267,7 +270,8 @@ class Checkpointer:
     def _branch(self, changed: list[tuple[str, Any, Any]]) -> tuple[list, list]:
         """``changed`` split into the changes ``run.resume_changes`` does not allow and those it does."""
         allowed = set(self.cfg.run.resume_changes)  # each a setting: TrainConfig checks it as it loads
-        return [c for c in changed if c[0] not in allowed], [c for c in changed if c[0] in allowed]
+        key = lambda c: c[0].split(" ", 1)[0]  # noqa: E731 - "agent.templates (the prompt templates' text)"
+        return [c for c in changed if key(c) not in allowed], [c for c in changed if key(c) in allowed]
 
     def _newest_readable(self, found: list[str]) -> tuple[str, dict[str, Any]]:
         """``(path, state)`` of the newest checkpoint that loads; a file that does not (truncated by a kill or a
