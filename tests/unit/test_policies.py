@@ -70,6 +70,9 @@ def test_base_model_is_the_policys_base_spec_and_none_for_the_shipped_file(packa
     assert policies.base_model("runs/x/adapter.gguf") is None and policies.base_model(None) is None
     with pytest.raises(ConfigError, match="no packaged policy 'nope'"):
         policies.base_model("nope")
+    # a value with a file extension is a path, never a policy name ("no packaged policy 'missing.pt'" misled)
+    assert not policies.is_policy_name("missing.pt") and not policies.is_policy_name("adapter.safetensors")
+    assert policies.is_policy_name("ruler-niah") and policies.resolve_lora("missing.pt") == "missing.pt"
 
 
 def test_open_backend_loads_the_policys_base_unless_a_model_is_given(packaged, monkeypatch):

@@ -71,9 +71,9 @@ def get(name: str) -> Policy:
 
 
 def is_policy_name(value: str | None) -> bool:
-    """Whether ``value`` names a packaged policy rather than a file (no path separator, no ``.gguf``, and no
-    file of that name in the working directory)."""
-    return (bool(value) and "/" not in value and "\\" not in value and not value.endswith(".gguf")
+    """Whether ``value`` names a packaged policy rather than a file (no path separator, no file extension such as
+    ``.gguf`` or ``.pt``, and no file of that name in the working directory)."""
+    return (bool(value) and "/" not in value and "\\" not in value and not Path(value).suffix
             and not Path(value).exists())
 
 
