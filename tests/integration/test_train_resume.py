@@ -253,6 +253,19 @@ def test_more_questions_a_step_than_the_data_holds_is_refused(tmp_path):
     assert _run(tmp_path / "s").step == 2
 
 
+def test_non_finite_metrics_are_written_as_null(tmp_path):
+    """A skipped update's NaN grad norm was written as bare NaN, which is not JSON (strict readers refuse it)."""
+    t = Trainer(_cfg(tmp_path), train_samples=TRAIN, val_samples=VAL, reward_fn=parity_reward)
+    t.log({"step": 1, "grad_norm": float("nan"), "loss": float("inf"), "lr": 0.01})
+    t.close()
+
+    def refuse(name):
+        raise ValueError(name)
+
+    (line,) = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(line, parse_constant=refuse) == {"step": 1, "grad_norm": None, "loss": None, "lr": 0.01}
+
+
 def test_two_trainers_cannot_share_a_run_folder(tmp_path):
     """A double launch (or a requeued job beside the first) interleaved metrics rows [1, 1, 2, 2] and checkpoints."""
     first = Trainer(_cfg(tmp_path), train_samples=TRAIN, val_samples=VAL, reward_fn=parity_reward)

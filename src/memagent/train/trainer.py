@@ -402,6 +402,8 @@ class Trainer:
         """Append one JSON line to ``metrics.jsonl`` and write TensorBoard scalars (main process)."""
         if not self.dist.is_main:
             return
+        # a non-finite number (a skipped update's grad norm) as null: bare NaN is not JSON, and other readers refuse it
+        metrics = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in metrics.items()}
         append_rows(os.path.join(self.out_dir, "metrics.jsonl"), [metrics])
         if self.cfg.run.tensorboard:
             if self._writer is None:
