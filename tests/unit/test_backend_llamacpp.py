@@ -67,9 +67,31 @@ def test_a_file_that_is_no_gguf_and_a_window_too_large_are_told_apart(tmp_path):
     junk.write_bytes(b"not a model" * 100)
     with pytest.raises(ConfigError, match="is it a GGUF model file"):
         LlamaCppBackend(junk)
-    # the weights load, the KV cache of 10^8 tokens is refused by llama.cpp: the window is named, not the file
-    with pytest.raises(ConfigError, match=r"cannot create a context window of 100000000 tokens .*lower --n-ctx"):
+    # a KV cache of 10^8 tokens (2 TB for SmolLM2) is refused before llama.cpp tries (the batch backend was killed
+    # by the kernel at 24 GB): the window is named, not the file
+    with pytest.raises(ConfigError, match=r"--n-ctx 100000000 needs a KV cache of [\d.]+ GiB \(100000000 cells of "
+                                          r"23040 bytes\), more than this machine's .*lower --n-ctx"):
         LlamaCppBackend(_gguf_or_skip(), n_ctx=100_000_000)
+
+
+def test_windows_and_thread_counts_llama_cpp_cannot_take_are_refused_before_loading():
+    """2^32 KV cells wrap round in llama.cpp's 32-bit count (8 x 2^29 became the model's own 8192, and every
+    request over ~1024 tokens failed at run time); more than 512 threads segfault or hang."""
+    pytest.importorskip("llama_cpp")
+    from memagent.backends.llamacpp import LlamaCppBackend
+    from memagent.backends.llamacpp_batch import BatchedLlamaCppBackend
+
+    with pytest.raises(ConfigError, match=r"--n-ctx 4294967296 asks llama.cpp for 4294967296 KV-cache cells, more "
+                                          r"than its 32-bit count holds"):
+        LlamaCppBackend(_gguf_or_skip(), n_ctx=2**32)
+    with pytest.raises(ConfigError, match=r"--n-ctx 536870912 asks llama.cpp for 4294967360 KV-cache cells"):
+        BatchedLlamaCppBackend(_gguf_or_skip(), n_ctx=2**29, n_parallel=8)
+    with pytest.raises(ConfigError, match=r"--threads 1000 is above llama.cpp's limit of 512 threads"):
+        LlamaCppBackend(_gguf_or_skip(), n_threads=1000)
+    cores = os.cpu_count() or 1
+    if cores < 512:  # more threads than cores: a warning (512 on 2 cores ran 12x slower than 1)
+        with pytest.warns(UserWarning, match=rf"--threads {cores + 1} is above this machine's {cores} cores"):
+            LlamaCppBackend(_gguf_or_skip(), n_ctx=256, n_threads=cores + 1).close()
 
 
 # --- slow: the real model ------------------------------------------------------------------------------------

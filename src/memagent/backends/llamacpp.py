@@ -28,6 +28,7 @@ import os
 import random
 import threading
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 
 from memagent.backends.base import check_request
@@ -81,6 +82,68 @@ def model_params_for_loading() -> Iterator[None]:
             yield
         finally:
             binding.llama_cpp.llama_model_default_params = original
+
+
+#: llama.cpp's largest thread count (``GGML_MAX_N_THREADS``); more crash or hang its thread pool.
+MAX_THREADS = 512
+
+
+def check_threads(threads: int) -> None:
+    """Refuse a thread count llama.cpp cannot start (above :data:`MAX_THREADS`: a segfault, "Thread creation
+    failed" or a hang) and warn above the machine's cores (threads beyond them slow every step).
+
+    Raises:
+        ConfigError: ``threads`` > :data:`MAX_THREADS`.
+    """
+    if threads > MAX_THREADS:
+        raise ConfigError(f"--threads {threads} is above llama.cpp's limit of {MAX_THREADS} threads; give at most the "
+                          f"machine's cores ({os.cpu_count() or 1} here)")
+    cores = os.cpu_count() or 1
+    if threads > cores:
+        warnings.warn(f"--threads {threads} is above this machine's {cores} cores: the extra threads wait on each "
+                      "other and slow every call; give at most the cores", stacklevel=3)
+
+
+def check_context_size(path: str, cells: int, n_ctx: int) -> None:
+    """Refuse a context llama.cpp cannot allocate, before it tries: ``cells`` KV-cache cells (``n_ctx`` per
+    sequence times the sequences) of 2^32 or more wrap around in its 32-bit count (silently, to the model's own
+    window), and a KV cache larger than this machine's memory gets the process killed by the kernel. The cache's
+    size is read from the GGUF's metadata: 2 (K and V) x layers x KV heads x head size x 2 bytes (f16) per cell.
+
+    Raises:
+        ConfigError: naming ``--n-ctx``, the size and the limit.
+    """
+    if cells >= 2**32:
+        raise ConfigError(f"--n-ctx {n_ctx} asks llama.cpp for {cells} KV-cache cells, more than its 32-bit count "
+                          "holds (it would wrap round to a much smaller window); lower --n-ctx")
+    per_cell = _kv_bytes_per_cell(path)
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return
+    if per_cell and cells * per_cell > memory:
+        gib = 1024**3
+        raise ConfigError(f"--n-ctx {n_ctx} needs a KV cache of {cells * per_cell / gib:.1f} GiB ({cells} cells of "
+                          f"{per_cell} bytes), more than this machine's {memory / gib:.1f} GiB of memory; lower --n-ctx "
+                          f"(at most about {max(1, memory // per_cell // max(1, cells // n_ctx))} here)")
+
+
+def _kv_bytes_per_cell(path: str) -> int | None:
+    """Bytes of f16 K and V cache per token of a llama-family GGUF, or ``None`` when its metadata does not say."""
+    try:
+        import gguf
+
+        fields = gguf.GGUFReader(path).fields
+        arch = fields["general.architecture"].contents()
+        layers = int(fields[f"{arch}.block_count"].contents())
+        heads = int(fields[f"{arch}.attention.head_count"].contents())
+        kv = fields.get(f"{arch}.attention.head_count_kv")
+        kv_heads = int(kv.contents()) if kv is not None else heads
+        key = fields.get(f"{arch}.attention.key_length")
+        head = int(key.contents()) if key is not None else int(fields[f"{arch}.embedding_length"].contents()) // heads
+    except Exception:  # noqa: BLE001 - an unreadable or unusual file: llama.cpp's own errors will say
+        return None
+    return 2 * layers * kv_heads * head * 2
 
 
 class LlamaCppBackend:
@@ -145,6 +208,8 @@ class LlamaCppBackend:
         threads = n_threads if n_threads is not None else (os.cpu_count() or 1)
         if threads < 1:
             raise ConfigError(f"n_threads must be >= 1, got {threads}")
+        check_threads(threads)
+        check_context_size(path, self._context_cells(n_ctx), n_ctx)
         try:
             with model_params_for_loading():
                 self._llm = Llama(
@@ -199,6 +264,10 @@ class LlamaCppBackend:
 
     def _own_context_tokens(self, n_ctx: int) -> int:
         """Size of the ``Llama`` object's own context: the one requests run in."""
+        return n_ctx
+
+    def _context_cells(self, n_ctx: int) -> int:
+        """The KV-cache cells (tokens) llama.cpp allocates for ``n_ctx``: one window here."""
         return n_ctx
 
     def _contexts(self) -> list:

@@ -74,6 +74,7 @@ class BatchedLlamaCppBackend(LlamaCppBackend):
     ):
         if n_parallel < 1:
             raise ConfigError(f"n_parallel must be >= 1 sequence, got {n_parallel}")
+        self.n_parallel = n_parallel  # the KV cache holds n_parallel windows (_context_cells)
         super().__init__(model_path, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, seed=seed,
                          verbose=verbose, chat_template=chat_template)
         threads = n_threads if n_threads is not None else (os.cpu_count() or 1)
@@ -91,6 +92,9 @@ class BatchedLlamaCppBackend(LlamaCppBackend):
 
     def _own_context_tokens(self, n_ctx: int) -> int:
         return 64  # the Llama object serves the vocabulary only; requests run in the engine's context
+
+    def _context_cells(self, n_ctx: int) -> int:
+        return self.n_parallel * n_ctx + 64  # the engine's context (one window per sequence) and the vocabulary's
 
     def _contexts(self) -> list:
         return [self._engine.ctx]
