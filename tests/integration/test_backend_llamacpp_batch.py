@@ -110,6 +110,27 @@ def test_a_request_that_overflows_fails_alone(backends):
     assert bad.finish_reason == "error" and "per-sequence window of 1024 tokens" in bad.error
 
 
+def test_a_wave_that_llama_cpp_fails_is_run_again_one_request_at_a_time(backends, monkeypatch):
+    """A decode failure of one sequence (no KV memory slot for it) failed every request of its wave of up to 8."""
+    from memagent.errors import BackendError
+
+    _, batched = backends
+    engine = batched._engine
+    real = engine._run_wave
+
+    def failing(wave, jobs, *args):
+        if any(m == 1 for g in wave for m in g.members):  # job 1 cannot be decoded, alone or not
+            raise BackendError("llama.cpp failed to decode (no memory slot)")
+        return real(wave, jobs, *args)
+
+    reqs = _requests(0.0, n=3, max_tokens=4)
+    alone = [batched.generate([r])[0] for r in (reqs[0], reqs[2])]
+    monkeypatch.setattr(engine, "_run_wave", failing)
+    a, b, c = batched.generate(reqs)
+    assert (a.finish_reason, c.finish_reason, b.finish_reason) == ("length", "length", "error")
+    assert (a.token_ids, c.token_ids) == (alone[0].token_ids, alone[1].token_ids) and "no memory slot" in b.error
+
+
 def _agreed(a, b) -> int:
     """Tokens at the start of ``a`` and ``b`` that agree."""
     return next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))

@@ -262,6 +262,9 @@ class BatchEngine:
             is_stop: whether a token ends generation (end-of-generation tokens).
             keep_stop: put the stop token (and its log-probability) at the end of ``token_ids``.
 
+        A wave that llama.cpp fails (no memory slot for one of its sequences) is run again one job at a time, so
+        only the job that fails alone gets an error result.
+
         Raises:
             ConfigError: a job that does not fit a sequence's window, or has an empty prompt.
         """
@@ -275,9 +278,16 @@ class BatchEngine:
             try:
                 self._run_wave(wave, jobs, results, is_stop, keep_stop)
             except BackendError as e:
-                for g in wave:
-                    for m in g.members:
-                        results[m] = JobResult(finish="error", error=str(e))
+                members = [m for g in wave for m in g.members]
+                if len(members) == 1:
+                    results[members[0]] = JobResult(finish="error", error=str(e))
+                    continue
+                for m in members:  # one request's failure (no memory slot for it) must not fail the others
+                    results[m] = JobResult()
+                    try:
+                        self._run_wave([PrefixGroup((m,), 0)], jobs, results, is_stop, keep_stop)
+                    except BackendError as alone:
+                        results[m] = JobResult(finish="error", error=str(alone))
         return results
 
     def _run_wave(self, wave: list[PrefixGroup], jobs: Sequence[Job], results: list[JobResult],
