@@ -236,7 +236,46 @@ def apply_policy(agent_config: Any, backend_options: Any, defaults: Mapping[str,
     if shown:
         typer.echo(f"policy {lora}: with the settings it was trained with: "
                    + ", ".join(f"{k}={v}" for k, v in shown.items()), err=True)
+    _warn_about_policy_use(lora, agent_config, fields)
     return dataclasses.replace(agent_config, **changes)
+
+
+def _warn_about_policy_use(lora: str | None, agent_config: Any, fields: list[str]) -> None:
+    """Warnings where ``--lora`` uses a packaged policy otherwise than it was trained: settings given on the command
+    line that differ from its trained ones; its adapter file given by path (its base model and settings are then
+    not applied); a file or folder here that hides a policy of the same name."""
+    import os
+    from pathlib import Path
+
+    from memagent.policies import get, is_policy_name, names
+
+    if not lora:
+        return
+    if is_policy_name(lora):
+        trained = get(lora).agent
+        given = given_options()
+        differ = [(k, getattr(agent_config, k), v) for k, v in trained.items()
+                  if k in fields and k in given and getattr(agent_config, k) != v]
+        if differ:
+            typer.secho(f"warning: policy {lora} was trained with other settings than this run's: "
+                        + ", ".join(f"{k}={now} (trained {then})" for k, now, then in differ)
+                        + "; it may score lower", fg="yellow", err=True)
+        return
+    for name in names():
+        if lora == name and Path(lora).exists():
+            typer.secho(f"warning: --lora {lora} is read as the file or folder {os.path.abspath(lora)!r} here, not "
+                        f"as the packaged policy of that name; give ./{lora} to mean the file, or run elsewhere "
+                        "to use the policy", fg="yellow", err=True)
+            return
+        try:
+            same = os.path.samefile(lora, get(name).adapter_path)
+        except (OSError, MemagentError):
+            same = False
+        if same:
+            typer.secho(f"warning: --lora {lora} is the adapter of the packaged policy {name}; given by path, it runs "
+                        f"on the default model with the default budgets, not the base and settings it was trained "
+                        f"with: give --lora {name}", fg="yellow", err=True)
+            return
 
 
 def _same_model_file(model: str, spec: str) -> bool:

@@ -91,3 +91,35 @@ def test_open_backend_loads_the_policys_base_unless_a_model_is_given(packaged, m
         ("llamacpp-batch", {"model_path": "my.gguf", "lora_path": str(packaged / "adapter.gguf")}),
         ("llamacpp", {"lora_path": "some/adapter.gguf"}),
     ]
+
+
+def test_a_policy_used_otherwise_than_trained_is_warned_about(tmp_path, monkeypatch, capsys):
+    """Settings given that differ from the policy's trained ones; its adapter given by path (which ran on the
+    default model and budgets, silently); a file here hiding the policy's name."""
+    import dataclasses
+    import shutil
+
+    from memagent.agent.config import AgentConfig
+    from memagent.options import _GIVEN, _warn_about_policy_use
+
+    fields = [f.name for f in dataclasses.fields(AgentConfig)]
+    trained = policies.get("ruler-niah").agent
+    token = _GIVEN.set(frozenset({"chunk_tokens", "memory_tokens"}))
+    try:
+        cfg = AgentConfig(chunk_tokens=64, memory_tokens=trained["memory_tokens"])
+        _warn_about_policy_use("ruler-niah", cfg, fields)
+        err = " ".join(capsys.readouterr().err.split())
+        assert f"policy ruler-niah was trained with other settings than this run's: chunk_tokens=64 (trained " \
+               f"{trained['chunk_tokens']}); it may score lower" in err and "memory_tokens=" not in err
+    finally:
+        _GIVEN.reset(token)
+    copy = tmp_path / "adapter.gguf"
+    shutil.copy(policies.get("ruler-niah").adapter_path, copy)
+    _warn_about_policy_use(str(policies.get("ruler-niah").adapter_path), AgentConfig(), fields)
+    _warn_about_policy_use(str(copy), AgentConfig(), fields)  # another file with the same bytes: not the policy's
+    err = " ".join(capsys.readouterr().err.split())
+    assert err.count("is the adapter of the packaged policy ruler-niah") == 1 and "give --lora ruler-niah" in err
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ruler-niah").mkdir()
+    _warn_about_policy_use("ruler-niah", AgentConfig(), fields)
+    assert "--lora ruler-niah is read as the file or folder" in " ".join(capsys.readouterr().err.split())
