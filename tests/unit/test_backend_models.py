@@ -4,6 +4,7 @@ F16 copy."""
 import json
 import os
 
+import numpy as np
 import pytest
 
 import memagent.backends.models as embedded
@@ -99,3 +100,32 @@ def test_the_cache_folder_follows_memagent_cache_then_xdg(monkeypatch, tmp_path)
     monkeypatch.delenv("MEMAGENT_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert embedded.cache_dir() == str(tmp_path / "xdg" / "memagent")
+
+
+def test_a_cache_folder_that_cannot_be_written_is_named(tmp_path, fake_writer):
+    """MEMAGENT_CACHE under a file (or a read-only home) was a 105-line NotADirectoryError traceback."""
+
+    src = tmp_path / "model.Q4_1.gguf"
+    src.write_bytes(b"q" * 10)
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ConfigError, match=r"cannot write the F16 copy of 'model.Q4_1.gguf' into the cache folder "
+                                          r"'.*afile/cache' .*set MEMAGENT_CACHE to a folder you can write"):
+        embedded.cached_f16_copy(str(src), str(tmp_path / "afile" / "cache"), "model.F16.gguf")
+
+
+def test_an_interrupted_gguf_write_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """Ctrl-C while the F16 copy was written left `<name>.tmp<PID>` (up to 271 MB) in the cache for good."""
+    gguf = pytest.importorskip("gguf")
+    from memagent.backends import gguf_copy
+
+    class Stop(BaseException):
+        pass
+
+    def interrupted(self, *args, **kwargs):  # the header is on disk when the interruption comes
+        assert [p.name for p in tmp_path.iterdir()] == [f"m.gguf.tmp{os.getpid()}"]
+        raise Stop
+
+    monkeypatch.setattr(gguf.GGUFWriter, "write_tensors_to_file", interrupted)
+    with pytest.raises(Stop):
+        gguf_copy.write_gguf(tmp_path / "m.gguf", [], [("a", np.zeros(4, dtype=np.float32))], "f32")
+    assert os.listdir(tmp_path) == []

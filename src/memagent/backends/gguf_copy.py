@@ -8,6 +8,7 @@ transformers loads a GGUF with).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -60,24 +61,30 @@ def base_fields(reader: Any, config: Any) -> list[tuple[str, Any, Any, Any]]:
 
 
 def write_gguf(path: str | os.PathLike, fields: list, tensors: list[tuple[str, np.ndarray]], dtype: str) -> str:
-    """Write a llama GGUF from copied key/values and tensors, atomically (readers never see a partial file)."""
+    """Write a llama GGUF from copied key/values and tensors, atomically (readers never see a partial file; an
+    error or Ctrl-C while writing removes the temporary file, which could be hundreds of MB)."""
     import gguf
 
     path = os.fspath(path)
     tmp = f"{path}.tmp{os.getpid()}"
     writer = gguf.GGUFWriter(tmp, "llama")
     try:
-        for key, value, vtype, sub in fields:
-            writer.add_key_value(key, value, vtype, sub)
-        writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if dtype == "f16" else gguf.LlamaFileType.ALL_F32)
-        for name, array in tensors:
-            writer.add_tensor(name, array)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-    finally:
-        writer.close()
-    os.replace(tmp, path)
+        try:
+            for key, value, vtype, sub in fields:
+                writer.add_key_value(key, value, vtype, sub)
+            writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if dtype == "f16" else gguf.LlamaFileType.ALL_F32)
+            for name, array in tensors:
+                writer.add_tensor(name, array)
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+        finally:
+            writer.close()
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
     return path
 
 

@@ -43,8 +43,8 @@ def cached_f16_copy(source: str, folder: str, name: str = "base-f16.gguf") -> st
         the copy's path (about 271 MB for SmolLM2-135M).
 
     Raises:
-        ConfigError: ``source`` is missing, or the ``gguf`` package (extras ``llamacpp`` and ``hf``) is not
-            installed when the copy must be written.
+        ConfigError: ``source`` is missing, the ``gguf`` package (extras ``llamacpp`` and ``hf``) is not
+            installed when the copy must be written, or ``folder`` cannot be written.
     """
     from memagent.backends import gguf_copy
 
@@ -67,10 +67,14 @@ def cached_f16_copy(source: str, folder: str, name: str = "base-f16.gguf") -> st
     except ImportError as e:
         raise ConfigError(f"writing the F16 copy of {os.path.basename(source)!r} needs the 'gguf' package: "
                           "pip install 'memagent[llamacpp]' (or pip install gguf)") from e
-    os.makedirs(folder, exist_ok=True)
-    gguf_copy.write_dequantized_gguf(source, path, "f16")  # atomic: a kill leaves no partial file
-    with open(record_path, "w", encoding="utf-8") as f:
-        json.dump(record, f)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        gguf_copy.write_dequantized_gguf(source, path, "f16")  # atomic: a kill leaves no partial file
+        with open(record_path, "w", encoding="utf-8") as f:
+            json.dump(record, f)
+    except OSError as e:  # a cache under a file, a read-only home: say which folder and how to move it
+        raise ConfigError(f"cannot write the F16 copy of {os.path.basename(source)!r} into the cache folder {folder!r} "
+                          f"({e.strerror or e}); set MEMAGENT_CACHE to a folder you can write") from None
     return path
 
 
