@@ -404,10 +404,20 @@ def _demo_ruler(task, length, index, data_root, trace, agent_config, backend_opt
                 raise MemagentError(traj.error)
             columns.append(Column(label.split(":")[0], traj))
     except MemagentError as e:
+        if trace and columns:  # the columns read so far are kept
+            _write_demo_trace(trace, _column_trajectories(columns))
         _fail(e)
     side_by_side(columns, list(sample.answers), evidence_chunks(sample, chunks), echo=typer.echo)
     if trace:
-        _write_demo_trace(trace, [c.trajectory for c in columns])
+        _write_demo_trace(trace, _column_trajectories(columns))
+
+
+def _column_trajectories(columns) -> list:
+    """The demo's trajectories, each sample id suffixed with its column (``<id>@untrained``, ``<id>@trained``):
+    the two models read the same sample, and one id would make their turns one interleaved sample."""
+    import dataclasses
+
+    return [dataclasses.replace(c.trajectory, sample_id=f"{c.trajectory.sample_id}@{c.label}") for c in columns]
 
 
 def _write_demo_trace(trace: Path, trajectories: list) -> None:

@@ -427,6 +427,9 @@ def test_demo_ruler_marks_the_needle_chunk_and_tests_each_memory_for_the_answer(
     assert out.count("<- the needle is in this chunk") == 1
     assert "[untrained] (holds the answer)" not in out  # the scripted memory keeps first lines, not the needle
     assert out.rstrip().endswith(f"gold: {sample.answers[0]}")
+    # each column's turns carry its name, so a trained column beside it reads as another sample, not as one interleaved
+    turns = [json.loads(x) for x in (tmp_path / "t.jsonl").read_text().splitlines()]
+    assert {t["sample_id"] for t in turns} == {f"{sample.id}@untrained"} and len(turns) == len(chunks) + 1
 
 
 def test_run_lora_of_an_unknown_policy_name_exits_2_listing_the_packaged_ones(tmp_path):
