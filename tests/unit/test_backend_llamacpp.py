@@ -88,6 +88,8 @@ def test_windows_and_thread_counts_llama_cpp_cannot_take_are_refused_before_load
         BatchedLlamaCppBackend(_gguf_or_skip(), n_ctx=2**29, n_parallel=8)
     with pytest.raises(ConfigError, match=r"--threads 1000 is above llama.cpp's limit of 512 threads"):
         LlamaCppBackend(_gguf_or_skip(), n_threads=1000)
+    with pytest.warns(UserWarning, match=r"--n-ctx 16384 is above the 8192-token window SmolLM2-135M-Instruct"):
+        LlamaCppBackend(_gguf_or_skip(), n_ctx=16384, n_threads=1).close()  # as the hf backend warns (case 158)
     cores = os.cpu_count() or 1
     if cores < 512:  # more threads than cores: a warning (512 on 2 cores ran 12x slower than 1)
         with pytest.warns(UserWarning, match=rf"--threads {cores + 1} is above this machine's {cores} cores"):

@@ -128,6 +128,14 @@ def check_context_size(path: str, cells: int, n_ctx: int) -> None:
                           f"(at most about {max(1, memory // per_cell // max(1, cells // n_ctx))} here)")
 
 
+def _trained_window(metadata: dict) -> int | None:
+    """The context length a GGUF's model was trained with (``<arch>.context_length``), or ``None``."""
+    try:
+        return int(metadata[f"{metadata['general.architecture']}.context_length"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def _kv_bytes_per_cell(path: str) -> int | None:
     """Bytes of f16 K and V cache per token of a llama-family GGUF, or ``None`` when its metadata does not say."""
     try:
@@ -227,6 +235,11 @@ class LlamaCppBackend:
                                   f"{n_ctx} tokens ({e}); lower --n-ctx (n_ctx), e.g. to the window the model was "
                                   "trained with (8192 for SmolLM2)") from e
             raise ConfigError(f"llama.cpp cannot load {path!r} ({e}); is it a GGUF model file?") from e
+        trained = _trained_window(self._llm.metadata)
+        if trained and n_ctx > trained:
+            warnings.warn(f"--n-ctx {n_ctx} is above the {trained}-token window {os.path.basename(path)} was trained "
+                          "with: positions beyond it are untrained, and answers over documents that long may degrade",
+                          stacklevel=3)
         vocab = self._llm._model.vocab
         self._is_eog = lambda token: bool(llama_vocab_is_eog(vocab, token))
         self.model_path = path
