@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -61,8 +61,27 @@ def base_fields(reader: Any, config: Any) -> list[tuple[str, Any, Any, Any]]:
 
 
 def write_gguf(path: str | os.PathLike, fields: list, tensors: list[tuple[str, np.ndarray]], dtype: str) -> str:
-    """Write a llama GGUF from copied key/values and tensors, atomically (readers never see a partial file; an
-    error or Ctrl-C while writing removes the temporary file, which could be hundreds of MB)."""
+    """Write a llama GGUF from copied key/values and tensors (:func:`write_gguf_atomically`)."""
+    import gguf
+
+    def fill(writer) -> None:
+        for key, value, vtype, sub in fields:
+            writer.add_key_value(key, value, vtype, sub)
+        writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if dtype == "f16" else gguf.LlamaFileType.ALL_F32)
+        for name, array in tensors:
+            writer.add_tensor(name, array)
+
+    return write_gguf_atomically(path, fill)
+
+
+def write_gguf_atomically(path: str | os.PathLike, fill: Callable[[Any], None]) -> str:
+    """Write a llama-architecture GGUF at ``path``: ``fill(writer)`` adds its keys and tensors to a
+    ``gguf.GGUFWriter`` on a temporary file beside it, which then replaces ``path`` at once (readers never see a
+    partial file). An error or Ctrl-C while writing removes the temporary file, which could be hundreds of MB.
+
+    Returns:
+        ``path``.
+    """
     import gguf
 
     path = os.fspath(path)
@@ -70,11 +89,7 @@ def write_gguf(path: str | os.PathLike, fields: list, tensors: list[tuple[str, n
     writer = gguf.GGUFWriter(tmp, "llama")
     try:
         try:
-            for key, value, vtype, sub in fields:
-                writer.add_key_value(key, value, vtype, sub)
-            writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if dtype == "f16" else gguf.LlamaFileType.ALL_F32)
-            for name, array in tensors:
-                writer.add_tensor(name, array)
+            fill(writer)
             writer.write_header_to_file()
             writer.write_kv_data_to_file()
             writer.write_tensors_to_file()

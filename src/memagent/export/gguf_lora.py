@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from memagent.backends.gguf_copy import write_gguf_atomically
 from memagent.errors import ConfigError
 
 #: GGUF architectures whose q/k rows llama.cpp stores permuted for rotary embeddings (HF ``model_type``s).
@@ -323,22 +324,15 @@ def write_lora_gguf(
         ranks = {m: int(_array(ab["A"]).shape[0]) for m, ab in pairs.items()}
         scales, alpha = module_scales(list(pairs), ranks, settings), 0.0
     tensors = lora_gguf_tensors(state_dict, shape, scales, adapter_name)
-    path = os.fspath(path)
-    tmp = f"{path}.tmp{os.getpid()}"
-    writer = gguf.GGUFWriter(tmp, "llama")
-    try:
+
+    def fill(writer) -> None:
         writer.add_type(gguf.GGUFType.ADAPTER)
         writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
         writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(alpha))
         for name, array in tensors:
             writer.add_tensor(name, array.astype(np.float16) if dtype == "f16" else array)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-    finally:
-        writer.close()
-    os.replace(tmp, path)
-    return path
+
+    return write_gguf_atomically(path, fill)
 
 
 def write_peft_lora_gguf(model: Any, path: str | os.PathLike, adapter_name: str = "default") -> str:
