@@ -34,7 +34,7 @@ MAX_FILE_LINES = 500
 MAX_FUNCTION_LINES = 80
 
 LAYERS = {
-    "errors": 0, "types": 0, "registry": 0, "configtypes": 0, "embedded": 0, "policies": 0, "hashing": 0,
+    "errors": 0, "types": 0, "registry": 0, "configtypes": 0, "embedded": 0, "policies": 0, "hashing": 0, "processes": 0,
     "tokenization": 1, "stitching": 1, "chunking": 1, "answers": 1, "verifiers": 1, "scoring": 1, "rl": 1,
     "backends": 2,
     "data": 3, "runfiles": 3,

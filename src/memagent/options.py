@@ -255,7 +255,7 @@ def _warn_about_policy_use(lora: str | None, agent_config: Any, fields: list[str
         trained = get(lora).agent
         given = given_options()
         differ = [(k, getattr(agent_config, k), v) for k, v in trained.items()
-                  if k in fields and k in given and getattr(agent_config, k) != v]
+                  if k in fields and k in given and not _same_setting(k, getattr(agent_config, k), v)]
         if differ:
             typer.secho(f"warning: policy {lora} was trained with other settings than this run's: "
                         + ", ".join(f"{k}={now} (trained {then})" for k, now, then in differ)
@@ -264,8 +264,8 @@ def _warn_about_policy_use(lora: str | None, agent_config: Any, fields: list[str
     for name in names():
         if lora == name and Path(lora).exists():
             typer.secho(f"warning: --lora {lora} is read as the file or folder {os.path.abspath(lora)!r} here, not "
-                        f"as the packaged policy of that name; give ./{lora} to mean the file, or run elsewhere "
-                        "to use the policy", fg="yellow", err=True)
+                        "as the packaged policy of that name (an adapter is a .gguf file); run elsewhere, or rename "
+                        "it, to use the policy", fg="yellow", err=True)
             return
         try:
             same = os.path.samefile(lora, get(name).adapter_path)
@@ -276,6 +276,25 @@ def _warn_about_policy_use(lora: str | None, agent_config: Any, fields: list[str
                         f"on the default model with the default budgets, not the base and settings it was trained "
                         f"with: give --lora {name}", fg="yellow", err=True)
             return
+
+
+def _same_setting(key: str, given: Any, trained: Any) -> bool:
+    """Whether a setting given equals the policy's trained one; templates by their text (a YAML file holding the
+    built-in templates is the same templates)."""
+    if given == trained:
+        return True
+    if key != "templates":
+        return False
+    from memagent.agent.prompts import DEFAULT_TEMPLATES, PromptTemplates
+
+    def load(value):
+        return DEFAULT_TEMPLATES if value in (None, "") else value if isinstance(value, PromptTemplates) \
+            else PromptTemplates.from_file(value)
+
+    try:
+        return load(given).hash == load(trained).hash
+    except MemagentError:
+        return False
 
 
 def _same_model_file(model: str, spec: str) -> bool:

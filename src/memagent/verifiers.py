@@ -414,7 +414,12 @@ def string_match_guarded(prediction: str, answers: Sequence[str]) -> float:
 
     Source: memagent's own rule (issue 15: an answer that lists many candidates must not score); RULER's metric.
     """
-    golds = list(dict.fromkeys(unicodedata.normalize("NFC", g).strip() for g in _nonblank(answers)))
+    golds, seen = [], set()  # one gold per text, case aside (found strings of a kind are compared in lower case)
+    for g in _nonblank(answers):
+        g = unicodedata.normalize("NFC", g).strip()
+        if g.lower() not in seen:
+            seen.add(g.lower())
+            golds.append(g)
     if not golds:
         return 0.0
     pred = ruler_clean_prediction(prediction)

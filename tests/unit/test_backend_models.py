@@ -129,3 +129,17 @@ def test_an_interrupted_gguf_write_leaves_no_temporary_file(tmp_path, monkeypatc
     with pytest.raises(Stop):
         gguf_copy.write_gguf(tmp_path / "m.gguf", [], [("a", np.zeros(4, dtype=np.float32))], "f32")
     assert os.listdir(tmp_path) == []
+
+
+def test_temporary_copies_of_processes_that_are_gone_are_removed_before_a_new_copy(tmp_path, fake_writer):
+    """SIGTERM or SIGKILL ends a process without its cleanup; its `<name>.tmp<PID>` stayed in the cache for good."""
+    src = tmp_path / "model.Q4_1.gguf"
+    src.write_bytes(b"q" * 10)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    gone, alive = cache / "model.F16.gguf.tmp999999999", cache / f"model.F16.gguf.tmp{os.getpid()}"
+    other = cache / "notes.tmp1"
+    for f in (gone, alive, other):
+        f.write_bytes(b"partial")
+    embedded.cached_f16_copy(str(src), str(cache), "model.F16.gguf")
+    assert not gone.exists() and alive.exists() and other.exists()  # a running writer's file and others stay

@@ -166,6 +166,8 @@ def test_files_in_the_datasets_and_official_layouts_are_read(tmp_path):
     # Dataset.to_json("x.json") writes JSON Lines: read as such (it failed with "Extra data at line 2")
     (tmp_path / "export.json").write_text((tmp_path / "hf.jsonl").read_text())
     assert [x.id for x in read_samples(tmp_path / "export.json")] == ["h1", "s1", "s2"]
+    (tmp_path / "one.json").write_text(json.dumps(squad) + "\n")  # a one-row export: one object, one sample
+    assert [x.id for x in read_samples(tmp_path / "one.json")] == ["s1"]
     (tmp_path / "export.json").write_text(json.dumps(squad) + "\n{broken\n")
     with pytest.raises(DataError, match=r"export.json:2: invalid JSON"):
         read_samples(tmp_path / "export.json")

@@ -197,7 +197,9 @@ def test_comparing_runs_needs_an_out_folder_and_keeps_units_and_metrics_apart(tm
 def test_rows_with_values_of_the_wrong_type_are_named(tmp_path):
     p = tmp_path / "results.jsonl"
     for change, message in [({"scores": {"sub_em": "x"}}, "score 'sub_em' is 'x', not a number"),
-                            ({"context_tokens": "big"}, "'context_tokens' is 'big'")]:
+                            ({"context_tokens": "big"}, "'context_tokens' is 'big'"),
+                            *(({"document_chars": bad}, r"'document_chars' must be \[\[start, end\], ...\]")
+                              for bad in ([[0]], [[0, "x"]], [[0, 1, 2]], [None], [[5, 2]], [[True, 3]]))]:
         p.write_text(json.dumps({**_row("m", "t", 8, "a", 1.0), **change}) + "\n")
         with pytest.raises(DataError, match=f"results.jsonl:1: malformed result row \\({message}"):
             read_results(p)

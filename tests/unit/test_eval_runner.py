@@ -283,6 +283,12 @@ def test_direct_center_truncates_document(tmp_path):
         assert (short in sent, row["document_tokens"]) == ((True, len(short)) if whole else (False, 1000 - fixed - 2))
         assert (row["document_chars"] == [[0, len(short)]]) == whole
         assert len(sent.encode()) <= 1000
+    # a cap too small for a truncated document still takes a document that fits whole (it was refused first)
+    write_samples(path, [Sample("s0", "Q?", "ab", ("zeta",))])
+    tiny = replace(cfg, output=str(tmp_path / "tiny"),
+                   methods=(replace(cfg.methods[0], max_input_tokens=len(DIRECT_TEMPLATE.format(document="ab", question="Q?").encode())),))
+    (row,) = read_results(EvalRunner(tiny, backend=ScriptedBackend(replies=["\\boxed{Zeta}"])).run())
+    assert (row["status"], row["document_chars"]) == ("ok", [[0, 2]])
 
 
 def test_budget_failure_is_an_error_row(tmp_path):
@@ -435,6 +441,9 @@ def test_grid_errors_and_shipped_configs(tmp_path):
     t = TaskConfig("niah_single_2", "2K", samples=4, files={"4K": Path("a.jsonl")}, metrics="string_match_all")
     assert (t.lengths, t.files, t.metrics) == ((2048,), {4096: "a.jsonl"}, ("string_match_all",))
     assert TaskConfig("vt", [8, "16K"]).lengths == (8, 16384)
+    import numpy as np
+
+    assert TaskConfig("vt", (np.int64(2048),), samples=np.int64(4)).lengths == (2048,)  # computed with numpy
     for kw, message in [({"lengths": (2048.0,)}, r"lengths: 2048\.0 is not a length"),
                         ({"lengths": (True,)}, r"lengths: True is not a length"),
                         ({"lengths": (2048, "2K")}, r"lengths \[2048, 2048\] name a length twice"),

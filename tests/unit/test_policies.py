@@ -111,6 +111,14 @@ def test_a_policy_used_otherwise_than_trained_is_warned_about(tmp_path, monkeypa
         err = " ".join(capsys.readouterr().err.split())
         assert f"policy ruler-niah was trained with other settings than this run's: chunk_tokens=64 (trained " \
                f"{trained['chunk_tokens']}); it may score lower" in err and "memory_tokens=" not in err
+        # the trained templates given as the file that holds them: the same templates, no warning
+        from importlib import resources
+
+        _GIVEN.set(frozenset({"templates"}))
+        text = resources.files("memagent.agent").joinpath(f"templates/{trained.get('templates') or 'default'}.yaml")
+        (tmp_path / "same.yaml").write_text(text.read_text(encoding="utf-8"))
+        _warn_about_policy_use("ruler-niah", AgentConfig(templates=str(tmp_path / "same.yaml")), fields)
+        assert "trained with other settings" not in capsys.readouterr().err
     finally:
         _GIVEN.reset(token)
     copy = tmp_path / "adapter.gguf"

@@ -222,6 +222,8 @@ def test_registry():
     ("wrong", ["2345678", ""], 0.0),                          # a blank gold is no reward floor
     ("1111111 2345678", ["2345678", "2345678"], 0.0),          # a repeated gold allows no second candidate
     ("It is 2345678.", ["2345678", "2345678"], 1.0),
+    ("3f2b8c1e-1234-4abc-8def-0123456789ab aaaaaaaa-1234-4abc-8def-0123456789ab",  # one UUID in two cases: one gold
+     ["3f2b8c1e-1234-4abc-8def-0123456789ab", "3F2B8C1E-1234-4ABC-8DEF-0123456789AB"], 0.0),
     ("Paris London Berlin Rome", ["Paris"], 1.0),               # free text: no kind, so no guard (documented)
     ("XYZAB, Abcde, Qwert", ["XYZAB"], 1.0),                    # title-case words are prose, not counted
     ("XYZAB ABCDE QWERT", ["XYZAB"], 0.0),

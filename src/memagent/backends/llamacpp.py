@@ -125,7 +125,7 @@ def check_context_size(path: str, cells: int, n_ctx: int) -> None:
         gib = 1024**3
         raise ConfigError(f"--n-ctx {n_ctx} needs a KV cache of {cells * per_cell / gib:.1f} GiB ({cells} cells of "
                           f"{per_cell} bytes), more than this machine's {memory / gib:.1f} GiB of memory; lower --n-ctx "
-                          f"(at most about {max(1, memory // per_cell // max(1, cells // n_ctx))} here)")
+                          f"(at most about {max(1, (memory // per_cell - (cells - cells // n_ctx * n_ctx)) // max(1, cells // n_ctx))} here)")
 
 
 def _trained_window(metadata: dict) -> int | None:

@@ -3,6 +3,7 @@ which needs it too), its F16 dequantized copy in memagent's cache, and the specs
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
@@ -26,6 +27,23 @@ def cache_dir() -> str:
         return os.environ["MEMAGENT_CACHE"]
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "memagent")
+
+
+def remove_stale_temporaries(path: str) -> list[str]:
+    """Remove ``<path>.tmp<PID>`` files (:func:`memagent.backends.gguf_copy.write_gguf_atomically`) whose writer
+    no longer runs: a SIGTERM or SIGKILL ends a process without its cleanup, and each such file (up to the model's
+    size) would stay in the cache for good. Returns the files removed."""
+    from memagent.processes import process_running
+
+    folder, name = os.path.split(path)
+    removed = []
+    for f in os.listdir(folder or "."):
+        pid = f.removeprefix(name + ".tmp") if f.startswith(name + ".tmp") else ""
+        if pid.isdigit() and not process_running(int(pid)):
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(folder, f))
+                removed.append(os.path.join(folder, f))
+    return removed
 
 
 def cached_f16_copy(source: str, folder: str, name: str = "base-f16.gguf") -> str:
@@ -69,6 +87,7 @@ def cached_f16_copy(source: str, folder: str, name: str = "base-f16.gguf") -> st
                           "pip install 'memagent[llamacpp]' (or pip install gguf)") from e
     try:
         os.makedirs(folder, exist_ok=True)
+        remove_stale_temporaries(path)
         gguf_copy.write_dequantized_gguf(source, path, "f16")  # atomic: a kill leaves no partial file
         with open(record_path, "w", encoding="utf-8") as f:
             json.dump(record, f)

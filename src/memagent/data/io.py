@@ -5,7 +5,7 @@
 - ``.jsonl`` (or ``.ndjson``; also a pipe such as ``/dev/stdin``, and ``-`` for stdin): one object per line (our schema, or any reference layout, see
   :func:`memagent.data.schema.sample_from_reference`); blank lines are skipped;
 - ``.json``: a list of such objects (the reference's ``eval_{N}.json`` and ``eval_{task}_{len}.json``), or
-  ``{"samples": [...]}``; a ``.json`` file of one object per line (JSON Lines, what ``datasets``' ``to_json``
+  ``{"samples": [...]}``, or one sample object; a ``.json`` file of one object per line (JSON Lines, what ``datasets``' ``to_json``
   writes) is read as ``.jsonl``;
 - ``.parquet``: rows of such objects (the reference's training parquet).
 
@@ -152,6 +152,8 @@ def iter_records(path: str | os.PathLike) -> Iterator[tuple[str, Any]]:
         escapes = _SURROGATE_ESCAPE.search(raw) is not None
         if isinstance(data, dict) and isinstance(data.get("samples"), list):
             data = data["samples"]
+        elif isinstance(data, dict) and ("question" in data or "input" in data):  # one sample (a one-row export)
+            data = [data]
         if not isinstance(data, list):
             raise DataError(f"{p}: expected a JSON list of sample objects, got {type(data).__name__}")
         for i, obj in enumerate(data):

@@ -89,17 +89,17 @@ class DirectMethod:
         from memagent.tokenization import token_boundaries
 
         fixed = self.fixed_tokens(s.question)
-        if budget - fixed - 2 < 2:  # center truncation keeps at least one head and one tail token
-            raise ConfigError(f"sample {s.id}: the direct prompt takes {fixed} tokens without any document, and a "
-                              f"truncated document needs 4 more (a head and a tail token, and 2 where the cut text "
-                              f"joins the template may tokenize differently): {fixed + 4} tokens, over the prompt cap "
-                              f"of {budget} tokens; raise max_input_tokens or shorten the question")
         bounds = token_boundaries(self.tokenizer, s.context)
         n = len(bounds) - 1
         if fixed + n <= budget:  # the whole document may fit: count the whole prompt to be sure
             text = DIRECT_TEMPLATE.format(document=s.context, question=s.question)
             if self._prompt_tokens(text) <= budget:
                 return text, n, ((0, len(s.context)),)
+        if budget - fixed - 2 < 2:  # center truncation keeps at least one head and one tail token
+            raise ConfigError(f"sample {s.id}: the direct prompt takes {fixed} tokens without any document, and a "
+                              f"truncated document needs 4 more (a head and a tail token, and 2 where the cut text "
+                              f"joins the template may tokenize differently): {fixed + 4} tokens, over the prompt cap "
+                              f"of {budget} tokens; raise max_input_tokens or shorten the question")
         ranges, kept = kept_ranges(bounds, len(s.context), budget - fixed - 2)
         doc = "".join(s.context[a:b] for a, b in ranges)
         return DIRECT_TEMPLATE.format(document=doc, question=s.question), kept, ranges

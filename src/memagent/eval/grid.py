@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import numbers
 import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -436,6 +437,8 @@ def _lengths(values: Any, where: str, suffix: bool = True) -> tuple[int, ...]:
         values = [values]
     out: list[int] = []
     for x in values:
+        if isinstance(x, numbers.Integral) and not isinstance(x, (bool, int)):  # numpy's integers
+            x = int(x)
         if isinstance(x, bool) or not isinstance(x, (int, str)):
             raise ConfigError(f"{where}: {x!r} is not a length (use whole numbers like 8192 or 8K)")
         if isinstance(x, str) and "," in x:  # "16,384" is a thousands separator or two lengths: YAML has lists for that

@@ -161,6 +161,11 @@ def check_row(row: Any, where: str) -> None:
         v = row.get(key)
         if v is not None and (not isinstance(v, typ) or isinstance(v, bool)):
             raise DataError(f"{where}: malformed result row ({key!r} is {v!r}); fix or remove that line")
+    chars = row.get("document_chars")
+    if chars is not None and not all(isinstance(r, list) and len(r) == 2 and all(isinstance(x, int) and not isinstance(x, bool)
+                                                                                for x in r) and 0 <= r[0] <= r[1] for r in chars):
+        raise DataError(f"{where}: malformed result row ('document_chars' must be [[start, end], ...] with "
+                        f"0 <= start <= end, got {chars!r:.80}); fix or remove that line")
     for name, v in row["scores"].items():
         if not isinstance(v, (int, float)) or isinstance(v, bool):
             raise DataError(f"{where}: malformed result row (score {name!r} is {v!r}, not a number); fix or remove that line")

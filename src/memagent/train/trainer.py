@@ -449,11 +449,13 @@ class Trainer:
         as it was (the rollout engine's scratch this trainer wrote removed; a folder it created removed when
         empty), so that the corrected command starts there rather than meeting "holds files but no run"."""
         self._lock.release()
-        if not self.dist.is_main or self._trained_anything():
+        if not self.dist.is_main:
             return
-        for name in SCRATCH_ENTRIES:
+        for name in SCRATCH_ENTRIES:  # what this attempt wrote, whether or not the folder holds a run
             if name not in self._scratch_before:
                 shutil.rmtree(os.path.join(self.out_dir, name), ignore_errors=True)
+        if self._trained_anything():
+            return
         if self._created is not None:
             with contextlib.suppress(OSError):
                 self._lock.path.unlink()

@@ -14,6 +14,7 @@ from memagent.data.ruler import RULER_METRIC, RULER_TASKS, build_ruler_sample
 from memagent.data.ruler.common import ruler_record
 from memagent.data.schema import token_stats, write_manifest
 from memagent.errors import DataError
+from memagent.processes import process_running
 from memagent.tokenization import Tokenizer
 
 
@@ -74,26 +75,13 @@ def remove_stale_stages(out: Path) -> list[Path]:
     removed = []
     for stage in out.glob(".building-*"):
         pid = stage.name.removeprefix(".building-")
-        if not pid.isdigit() or not stage.is_dir() or _running(int(pid)):
+        if not pid.isdigit() or not stage.is_dir() or process_running(int(pid)):
             continue
         shutil.rmtree(stage, ignore_errors=True)
         removed.append(stage)
     return removed
 
 
-def _running(pid: int) -> bool:
-    """Whether a process with this id exists here (one we may not signal still exists)."""
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return True  # unknown: keep the folder
-    return True
 
 
 def _build_into(stage: Path, tasks, lengths, tokenizer, num_samples, seed, haystack, data_root) -> list[str]:
