@@ -242,24 +242,22 @@ def test_more_questions_a_step_than_the_data_holds_is_refused(tmp_path):
         os.makedirs(os.path.join(cfg.run.output_dir, "rollout_init"))
         return real(cfg, *args)
 
-    trainer_module.make_engine = engine_writing_scratch
-    try:
-        with pytest.raises(ConfigError, match="exceeds the 4 training questions"):
-            _run(tmp_path / "s", "rl.prompts_per_step=8")
-    finally:
-        trainer_module.make_engine = real
+    def refused_after_writing_scratch():
+        trainer_module.make_engine = engine_writing_scratch
+        try:
+            with pytest.raises(ConfigError, match="exceeds the 4 training questions"):
+                _run(tmp_path / "s", "rl.prompts_per_step=8")
+        finally:
+            trainer_module.make_engine = real
+
+    refused_after_writing_scratch()
     assert sorted(os.listdir(tmp_path / "s")) == [".train.lock"]
     (tmp_path / "s" / "rollout_init").mkdir()
     assert _run(tmp_path / "s").step == 2
     assert (tmp_path / "s" / "rollout_init").is_dir()  # scratch that was there before a run is not touched
     # a refused resume of a run removes the scratch it wrote too (a full model copy for a real model), and only that
     (tmp_path / "s" / "rollout_init").rmdir()
-    trainer_module.make_engine = engine_writing_scratch
-    try:
-        with pytest.raises(ConfigError, match="exceeds the 4 training questions"):
-            _run(tmp_path / "s", "rl.prompts_per_step=8")
-    finally:
-        trainer_module.make_engine = real
+    refused_after_writing_scratch()
     assert not (tmp_path / "s" / "rollout_init").exists() and (tmp_path / "s" / "metrics.jsonl").is_file()
 
 

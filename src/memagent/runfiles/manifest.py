@@ -110,34 +110,22 @@ def output_lock(output: str | os.PathLike, log: Callable[[str], None] | None = N
 
 @contextlib.contextmanager
 def _flock(path: Path, locked: str, what: str, log: Callable[[str], None] | None, remove: bool = False) -> Iterator[None]:
-    """An exclusive, non-blocking ``flock`` on ``path`` (``locked``: the error when another process holds it).
+    """A :class:`FolderLock` on ``path`` for the ``with`` block (``locked``: the error when another process holds it;
+    ``what``: how a warning names it where the file system refuses locks).
 
     ``remove``: delete the lock file when the block ends, while still holding it (so a lock beside a user's file
     leaves nothing behind). Safe because no process waits for the lock: one that opened the old file meets it
     held and stops, one that opens after the removal locks a new file once every write of this block is done.
     A process killed inside the block leaves the file, which the next run reuses."""
+    lock = FolderLock(path.parent, path.name, locked, what)
+    lock.acquire(log)
     try:
-        import fcntl
-    except ImportError:  # not POSIX: no lock
-        yield
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    f = open(path, "a+b")
-    held = False
-    try:
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            held = True
-        except OSError as e:
-            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise ConfigError(locked) from None
-            (log or (lambda _msg: None))(f"warning: cannot lock {what} ({e.strerror or e}); running without a lock")
         yield
     finally:
-        if remove and held:
+        if remove and lock.held:
             with contextlib.suppress(OSError):
                 path.unlink()
-        f.close()  # closing the only descriptor releases the lock
+        lock.release()
 
 
 class FolderLock:
@@ -150,10 +138,17 @@ class FolderLock:
         folder: the folder to lock (created if missing).
         name: the lock file's name in it.
         locked: the error when another process holds the lock.
+        what: how a warning names the lock where the file system refuses locks (default: the folder).
     """
 
-    def __init__(self, folder: str | os.PathLike, name: str, locked: str):
+    def __init__(self, folder: str | os.PathLike, name: str, locked: str, what: str | None = None):
         self.path, self.locked, self._file = Path(folder) / name, locked, None
+        self.what = what or str(self.path.parent)
+
+    @property
+    def held(self) -> bool:
+        """Whether this object holds the lock now."""
+        return self._file is not None
 
     def acquire(self, log: Callable[[str], None] | None = None) -> None:
         """Take the lock.
@@ -173,8 +168,8 @@ class FolderLock:
             f.close()
             if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise ConfigError(self.locked) from None
-            (log or (lambda _msg: None))(f"warning: cannot lock {self.path.parent} ({e.strerror or e}); running "
-                                         "without a lock")
+            (log or (lambda _msg: None))(f"warning: cannot lock {self.what} ({e.strerror or e}); running without "
+                                         "a lock")
             return
         self._file = f
 
