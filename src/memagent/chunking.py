@@ -10,7 +10,6 @@ empty (a character longer than a chunk stays whole in the chunk where it starts,
 from __future__ import annotations
 
 import bisect
-
 from collections import deque
 from collections.abc import Iterable, Sequence
 

@@ -24,6 +24,7 @@ works, ``0`` to turn them off everywhere. Without them llama.cpp runs its AVX2/A
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import random
 import threading
@@ -116,16 +117,20 @@ def check_context_size(path: str, cells: int, n_ctx: int) -> None:
     if cells >= 2**32:
         raise ConfigError(f"--n-ctx {n_ctx} asks llama.cpp for {cells} KV-cache cells, more than its 32-bit count "
                           "holds (it would wrap round to a much smaller window); lower --n-ctx")
-    per_cell = _kv_bytes_per_cell(path)
+    if cells <= MEMORY_CHECK_CELLS:  # the usual windows: reading the GGUF's metadata (about 2 s) is not worth it
+        return
+    per_cell = _kv_bytes_per_cell(path, os.path.getsize(path), os.path.getmtime(path))
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return
     if per_cell and cells * per_cell > memory:
         gib = 1024**3
+        windows = max(1, cells // n_ctx)  # one per sequence; the rest of the cells is fixed (the vocabulary's)
+        at_most = max(1, (memory // per_cell - (cells - windows * n_ctx)) // windows)
         raise ConfigError(f"--n-ctx {n_ctx} needs a KV cache of {cells * per_cell / gib:.1f} GiB ({cells} cells of "
                           f"{per_cell} bytes), more than this machine's {memory / gib:.1f} GiB of memory; lower --n-ctx "
-                          f"(at most about {max(1, (memory // per_cell - (cells - cells // n_ctx * n_ctx)) // max(1, cells // n_ctx))} here)")
+                          f"(at most about {at_most} here)")
 
 
 def _trained_window(metadata: dict) -> int | None:
@@ -136,8 +141,16 @@ def _trained_window(metadata: dict) -> int | None:
         return None
 
 
-def _kv_bytes_per_cell(path: str) -> int | None:
-    """Bytes of f16 K and V cache per token of a llama-family GGUF, or ``None`` when its metadata does not say."""
+#: KV-cache cells up to which :func:`check_context_size` does not read the model's metadata (about 2 s a file): the
+#: check is against absurd windows (10^8 tokens); 2^17 cells of SmolLM2-135M take 3 GB, and the usual windows
+#: (8 sequences of 8192 tokens) stay below it.
+MEMORY_CHECK_CELLS = 2**17
+
+
+@functools.lru_cache(maxsize=8)
+def _kv_bytes_per_cell(path: str, size: int, mtime: float) -> int | None:
+    """Bytes of f16 K and V cache per token of a llama-family GGUF, or ``None`` when its metadata does not say
+    (``size`` and ``mtime`` key the cache, so a file replaced in place is read again)."""
     try:
         import gguf
 

@@ -4,9 +4,9 @@
 
 - ``.jsonl`` (or ``.ndjson``; also a pipe such as ``/dev/stdin``, and ``-`` for stdin): one object per line (our schema, or any reference layout, see
   :func:`memagent.data.schema.sample_from_reference`); blank lines are skipped;
-- ``.json``: a list of such objects (the reference's ``eval_{N}.json`` and ``eval_{task}_{len}.json``), or
-  ``{"samples": [...]}``, or one sample object; a ``.json`` file of one object per line (JSON Lines, what ``datasets``' ``to_json``
-  writes) is read as ``.jsonl``;
+- ``.json``: a list of such objects (the reference's ``eval_{N}.json`` and ``eval_{task}_{len}.json``),
+  ``{"samples": [...]}``, or one sample object; a ``.json`` file of one object per line (JSON Lines, what
+  ``datasets``' ``to_json`` writes) is read as ``.jsonl``;
 - ``.parquet``: rows of such objects (the reference's training parquet).
 
 Errors name the file, the line (JSONL) or row index (JSON list, parquet) and the field. Writers pick the format

@@ -130,8 +130,7 @@ def _answers(val: Any, where: str, key: str) -> tuple[str, ...]:
         return ()
     if isinstance(val, str):
         return (val,)
-    if hasattr(val, "tolist"):  # numpy arrays from parquet
-        val = val.tolist()
+    val = _pylist(val)  # numpy arrays from parquet
     if not isinstance(val, (list, tuple)) or not all(isinstance(a, str) for a in val):
         raise DataError(f"{where}: field {key!r} must be a string or a list of strings, got {val!r:.80}")
     return tuple(val)

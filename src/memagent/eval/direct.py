@@ -52,7 +52,6 @@ class DirectMethod:
 
     def fixed_tokens(self, question: str) -> int:
         """Tokens of the direct prompt with ``question`` and no document (chat template included)."""
-
         return self._prompt_tokens(DIRECT_TEMPLATE.format(document="", question=question))
 
     def check(self) -> None:
