@@ -105,6 +105,20 @@ def test_settings_that_defeat_the_kl_term_or_the_ratio_warn():
                            "rl.mini_batches=1"])
 
 
+def test_huge_validation_multipliers_warn():
+    """120 words x 100000 = 12M-word documents per validation question: warned (the threshold is 1M words);
+    120 x 8000 = 960,000 words is not, nor any size when validation is off."""
+    import warnings
+
+    with pytest.warns(UserWarning, match=r"longest synthetic validation documents are 12,000,000 words each "
+                                         r"\(120 x 100000\).*multipliers up to 8,333 here"):
+        load_config(None, ["data.synthetic=needle", "data.val_context_multipliers=[1,100000]"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_config(None, ["data.synthetic=needle", "data.val_context_multipliers=[1,8000]"])
+        load_config(None, ["data.synthetic=needle", "data.val_context_multipliers=[100000]", "run.val_every=0"])
+
+
 def test_empty_training_file_is_named(tmp_path):
     from memagent.errors import DataError
     from memagent.train.data import train_data as _train_data

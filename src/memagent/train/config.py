@@ -81,6 +81,11 @@ class DataConfig:
     val_size: int = 128
 
 
+#: Longest synthetic validation document (``synthetic_context_words x max(val_context_multipliers)``, in words)
+#: accepted without a warning: about 1.3M tokens, a third of the paper's longest test (3.5M tokens).
+SYNTHETIC_VAL_WORDS_WARN = 1_000_000
+
+
 #: Agent settings the training config does not take: rollout seeds derive from ``run.seed`` and the step,
 #: rollouts always stop at a failed request, and rollouts sample with temperature and top-p only (the training
 #: log-probabilities assume it), so extra sampling settings stay at their defaults.
@@ -320,6 +325,14 @@ class TrainConfig:
             warnings.warn(
                 f"model.dtype=bfloat16 with optim.lr={o.lr:g}: bfloat16 parameters round away AdamW updates this "
                 "small (the policy barely changes); train with model.dtype=float32", stacklevel=2)
+        words = self.data.synthetic_context_words * max(self.data.val_context_multipliers)
+        if r.val_every and self.data.synthetic and not self.data.val_path and words > SYNTHETIC_VAL_WORDS_WARN:
+            warnings.warn(
+                f"data.val_context_multipliers={list(self.data.val_context_multipliers)}: the longest synthetic "
+                f"validation documents are {words:,} words each ({self.data.synthetic_context_words} x "
+                f"{max(self.data.val_context_multipliers)}), built in memory and read chunk by chunk at every "
+                f"validation, which then dominates the run's time; use multipliers up to "
+                f"{SYNTHETIC_VAL_WORDS_WARN // self.data.synthetic_context_words:,} here", stacklevel=2)
         if loss.kl_type == "k1" and loss.kl_coef > 0:  # memagent.rl.kl: k1's expected gradient is 0
             warnings.warn("rl.kl_type=k1 with rl.kl_coef > 0: as a loss term k1's expected gradient is 0, so it adds "
                           "noise and no pull towards the reference model; use k3 (the reference's) or k2",
