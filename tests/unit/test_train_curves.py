@@ -28,6 +28,13 @@ def test_validation_table_values():
                               "val/x1/memory_tokens_mean": 41.0, "val/x1/never_captured_pct": 37.5}])
     assert diag.splitlines()[:3] == ["| step | x1/captured_pct | x1/retained_pct | x1/reward |", "|---|---|---|---|",
                                      "| 4 | 62.5 | 25.0 | 50.0 |"]
+    # a validation whose scores are all null (no sample answered) or that logged other metrics only gets no line
+    # and opens no column; before, it made a header of one empty column and a line of blank cells
+    assert validation_table([{"step": 5, "val/x1/reward": None, "val/x1/captured_pct": None}]) == "(no validation rows)\n"
+    assert validation_table([{"step": 5, "val/x1/time_s": 12.0}]) == "(no validation rows)\n"
+    mixed = validation_table([{"step": 5, "val/x1/reward": None, "val/x1/captured_pct": None},
+                              {"step": 6, "val/x1/reward": 0.5, "val/x1/captured_pct": None}])
+    assert mixed.splitlines()[:3] == ["| step | x1/reward |", "|---|---|", "| 6 | 50.0 |"]
 
 
 def test_curves_from_files(tmp_path):

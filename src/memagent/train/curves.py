@@ -43,11 +43,17 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
 
 def validation_table(rows: list[dict]) -> str:
     """Markdown table of every validation: one line per validated step, one column per ``val/*`` score and the
-    memory's capture and retention (:data:`TABLE_METRICS`; the other memory diagnostics stay in ``metrics.jsonl``)."""
-    vals = [r for r in rows if any(k.startswith("val/") for k in r)]
+    memory's capture and retention (:data:`TABLE_METRICS`; the other memory diagnostics stay in ``metrics.jsonl``).
+    A validation row with no number among these (all null, or other metrics only) gets no line; a table with
+    no line at all reads ``(no validation rows)``."""
+    def scored(r: dict, k: str) -> bool:
+        return (k.startswith("val/") and k.rsplit("/", 1)[-1] in TABLE_METRICS and isinstance(r[k], (int, float))
+                and not isinstance(r[k], bool))
+
+    vals = [r for r in rows if any(scored(r, k) for k in r)]  # a row of nulls or other metrics only: no line
     if not vals:
         return "(no validation rows)\n"
-    keys = sorted({k for r in vals for k in r if k.startswith("val/") and k.rsplit("/", 1)[-1] in TABLE_METRICS})
+    keys = sorted({k for r in vals for k in r if scored(r, k)})
     head = "| step | " + " | ".join(k[4:] for k in keys) + " |"
     rule = "|---|" + "---|" * len(keys)
     lines = [head, rule]
