@@ -407,6 +407,11 @@ def _demo_ruler(task, length, index, data_root, trace, agent_config, backend_opt
         if trace and columns:  # the columns read so far are kept
             _write_demo_trace(trace, _column_trajectories(columns))
         _fail(e)
+    except KeyboardInterrupt:  # Ctrl-C while the trained column reads: the untrained one is kept too
+        if trace and columns:
+            _write_demo_trace(trace, _column_trajectories(columns))
+            typer.secho(f"interrupted: the {', '.join(c.label for c in columns)} column is in {trace}", err=True)
+        raise
     side_by_side(columns, list(sample.answers), evidence_chunks(sample, chunks), echo=typer.echo)
     if trace:
         _write_demo_trace(trace, _column_trajectories(columns))

@@ -432,6 +432,39 @@ def test_demo_ruler_marks_the_needle_chunk_and_tests_each_memory_for_the_answer(
     assert {t["sample_id"] for t in turns} == {f"{sample.id}@untrained"} and len(turns) == len(chunks) + 1
 
 
+def test_demo_ruler_interrupted_in_the_trained_column_keeps_the_untrained_one(data_root, tmp_path, monkeypatch):
+    """Ctrl-C while the trained model loads or reads: the untrained column already read goes to --trace (it was
+    lost: only a MemagentError kept it), then the interrupt goes on."""
+    import dataclasses
+
+    import memagent.cli as cli
+    from memagent.agent.config import AgentConfig
+    from memagent.backends.factory import BackendOptions
+    from memagent.backends.scripted import ScriptedBackend
+
+    @dataclasses.dataclass(frozen=True)
+    class Options(BackendOptions):
+        def settings(self):  # a scripted backend takes no adapter; this test only needs two columns
+            return None
+
+    opened = []
+
+    def fake_open(options, check_reachable=True):
+        opened.append(options.lora_path)
+        if options.lora_path:
+            raise KeyboardInterrupt
+        return ScriptedBackend(), None
+
+    monkeypatch.setattr(cli, "_open_backend", fake_open)
+    trace = tmp_path / "t.jsonl"
+    options = Options(backend="scripted", model="m", lora_path="adapter.gguf")
+    with pytest.raises(KeyboardInterrupt):
+        cli._demo_ruler("niah_single_2", 2048, 0, data_root, trace, AgentConfig(chunk_tokens=400), options)
+    assert opened == [None, "adapter.gguf"]
+    turns = [json.loads(x) for x in trace.read_text().splitlines()]
+    assert {t["sample_id"] for t in turns} == {"niah_single_2-2048-0@untrained"} and len(turns) == 5 + 1  # 5 chunks + final
+
+
 def test_run_lora_of_an_unknown_policy_name_exits_2_listing_the_packaged_ones(tmp_path):
     r = _run("run", "-q", "Q", "-d", "-", "--lora", "ruler-naih", "-b", "llamacpp", input="text")
     assert r.exit_code == 2 and "no packaged policy 'ruler-naih'" in r.output, r.output
