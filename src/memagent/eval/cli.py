@@ -106,7 +106,7 @@ def eval_command(
     max_new_tokens: int = typer.Option(MAX_NEW_TOKENS_DEFAULT, "--max-new-tokens", min=1, help="direct: answer cap"),
     data_root: Optional[Path] = typer.Option(None, "--data-root", help="data folder (default: $MEMAGENT_DATA, else ../shared/data)"),
     retry_errors: bool = typer.Option(False, "--retry-errors", help="re-run samples whose earlier row is an error"),
-    no_report: bool = typer.Option(False, "--no-report", help="skip writing summary.md/csv/png at the end"),
+    no_report: bool = typer.Option(False, "--no-report", help="skip writing the report (summary.md/csv, accuracy.png, report.html) at the end"),
     only: Optional[list[str]] = typer.Option(None, "--only", help="run only these cells now, e.g. 'vt:8K,hotpotqa' (task[:length], comma-separated or the flag repeated); the rest stay for a later call"),
     only_methods: Optional[list[str]] = typer.Option(None, "--only-methods", help="run only these of the grid's methods now, e.g. 'direct' (comma-separated names or the flag repeated); the rest stay for a later call"),
     agent_config=None, backend_options=None,
