@@ -173,7 +173,7 @@ def _parse_only(text: str) -> list[tuple[str, int | None]]:
 def report_command(
     runs: list[Path] = typer.Argument(..., help="run folders (each with results.jsonl)"),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="output folder (default: the run folder itself; required when comparing several runs)"),
-    no_plot: bool = typer.Option(False, "--no-plot", help="tables only"),
+    no_plot: bool = typer.Option(False, "--no-plot", help="no accuracy plot: the tables and report.html only (an earlier accuracy.png is removed)"),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="the runs' tokenizer spec (e.g. smollm2, bytes), to "
                                             "recompute which part of each document a prompt kept: needed for every direct "
                                             "row, and for memory-agent rows of a method with max_context_tokens that have no "
