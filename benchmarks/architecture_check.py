@@ -3,7 +3,8 @@ and how many classes declare a given setting.
 
 Layers, lowest first (a module may import from its own layer and the ones below, never from above):
 
-0. ``errors``, ``types``, ``registry``, ``configtypes``, ``embedded``: plain data and helpers;
+0. ``errors``, ``types``, ``registry``, ``configtypes``, ``embedded``, ``policies``, ``hashing``, ``processes``: plain data
+   and helpers;
 1. ``tokenization``, ``stitching``, ``chunking``, ``answers``, ``verifiers``, ``scoring``, ``rl`` (``rl`` imports nothing of
    memagent but ``errors``);
 2. ``backends``;

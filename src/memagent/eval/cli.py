@@ -106,7 +106,7 @@ def eval_command(
     max_new_tokens: int = typer.Option(MAX_NEW_TOKENS_DEFAULT, "--max-new-tokens", min=1, help="direct: answer cap"),
     data_root: Optional[Path] = typer.Option(None, "--data-root", help="data folder (default: $MEMAGENT_DATA, else ../shared/data)"),
     retry_errors: bool = typer.Option(False, "--retry-errors", help="re-run samples whose earlier row is an error"),
-    no_report: bool = typer.Option(False, "--no-report", help="skip writing summary.md/csv/png at the end"),
+    no_report: bool = typer.Option(False, "--no-report", help="skip writing the report (summary.md/csv, accuracy.png, report.html) at the end"),
     only: Optional[list[str]] = typer.Option(None, "--only", help="run only these cells now, e.g. 'vt:8K,hotpotqa' (task[:length], comma-separated or the flag repeated); the rest stay for a later call"),
     only_methods: Optional[list[str]] = typer.Option(None, "--only-methods", help="run only these of the grid's methods now, e.g. 'direct' (comma-separated names or the flag repeated); the rest stay for a later call"),
     agent_config=None, backend_options=None,
@@ -173,7 +173,7 @@ def _parse_only(text: str) -> list[tuple[str, int | None]]:
 def report_command(
     runs: list[Path] = typer.Argument(..., help="run folders (each with results.jsonl)"),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="output folder (default: the run folder itself; required when comparing several runs)"),
-    no_plot: bool = typer.Option(False, "--no-plot", help="tables only"),
+    no_plot: bool = typer.Option(False, "--no-plot", help="no accuracy plot: the tables and report.html only (an earlier accuracy.png is removed)"),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="the runs' tokenizer spec (e.g. smollm2, bytes), to "
                                             "recompute which part of each document a prompt kept: needed for every direct "
                                             "row, and for memory-agent rows of a method with max_context_tokens that have no "
