@@ -6,7 +6,8 @@ Order (documented fallback chain):
    styling wrappers (``\\text{...}``, ``\\textbf``, ``\\textit``, ``\\emph``, ``\\mathbf`` ...) unwrapped;
 3. ``answer_is``: the text after the last answer phrase or answer label, up to the end of that line (or the
    next non-empty line when the phrase ends its line), stripped of markdown emphasis, quotes and a final period.
-   Phrases and labels, any case (the styles small instruct models write, see below):
+   Styling wrappers are unwrapped as in a box (``Answer: $\\text{Paris}$`` gives ``$Paris$``). Phrases and
+   labels, any case (the styles small instruct models write, see below):
 
    - "answer is", "the answer to this question is" / "... to the question is", each with an optional colon;
    - a line that starts with an answer label: ``Answer: Paris``, ``**Answer:** Paris``, ``**Answer**: Paris``,
@@ -145,6 +146,6 @@ def extract_answer(text: str) -> ExtractedAnswer:
     for end in reversed(ends):  # the last phrase or label with an answer after it
         ans = _text_after(body, end)
         if ans and not ans.endswith(":") and not (_ANSWER_IS.search(ans) or _LABEL.match(ans)):
-            return ExtractedAnswer(ans, "answer_is")
+            return ExtractedAnswer(unwrap_text(ans), "answer_is")
     raw = body.strip()
     return ExtractedAnswer(raw, "raw") if raw else ExtractedAnswer("", "empty")

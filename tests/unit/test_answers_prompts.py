@@ -159,3 +159,16 @@ def test_every_styling_wrapper_in_a_box_is_unwrapped_nested_too():
     assert score("exact_match", r"\boxed{\mathbf{42}}", ["42"]) == 1.0
     assert score("strict_boxed", r"\boxed{\textit{Paris}}", ["Paris"]) == 1.0
     assert score("f1", r"\boxed{\emph{New York}}", ["new york"]) == 1.0
+
+
+def test_an_answer_after_a_label_in_latex_style_is_unwrapped_as_a_box_is():
+    """``Answer: $\\text{Paris}$`` is Paris, as ``\\boxed{\\text{Paris}}`` is: the label's answer kept the wrapper,
+    normalised to "textparis" and scored 0 in EM and F1."""
+    from memagent.answers import extract_answer
+    from memagent.scoring import score
+
+    assert (extract_answer(r"Answer: $\text{Paris}$").answer, extract_answer(r"**Answer:** \textbf{Paris}.").answer,
+            extract_answer(r"The answer is \(\text{New York}\).").answer) == ("$Paris$", "Paris", r"\(New York\)")
+    assert extract_answer(r"The answer is \textbf{Paris}.").method == "answer_is"
+    assert score("exact_match", r"Answer: $\text{Paris}$", ["Paris"]) == 1.0
+    assert score("f1", r"The answer is \(\text{New York}\).", ["New York"]) == 1.0
