@@ -2,11 +2,12 @@
 
 Order (documented fallback chain):
 1. reasoning removed: text after the last ``</think>``; an unclosed ``<think>`` drops everything from it on;
-2. ``boxed``: the content of the last ``\\boxed{...}`` (nested braces balanced; ``\\fbox{}`` too), a
-   ``\\text{...}`` wrapper around the whole content removed;
+2. ``boxed``: the content of the last ``\\boxed{...}`` (nested braces balanced; ``\\fbox{}`` too), its
+   styling wrappers (``\\text{...}``, ``\\textbf``, ``\\textit``, ``\\emph``, ``\\mathbf`` ...) unwrapped;
 3. ``answer_is``: the text after the last answer phrase or answer label, up to the end of that line (or the
    next non-empty line when the phrase ends its line), stripped of markdown emphasis, quotes and a final period.
-   Phrases and labels, any case (the styles small instruct models write, see below):
+   Styling wrappers are unwrapped as in a box (``Answer: $\\text{Paris}$`` gives ``$Paris$``). Phrases and
+   labels, any case (the styles small instruct models write, see below):
 
    - "answer is", "the answer to this question is" / "... to the question is", each with an optional colon;
    - a line that starts with an answer label: ``Answer: Paris``, ``**Answer:** Paris``, ``**Answer**: Paris``,
@@ -37,7 +38,8 @@ import re
 from dataclasses import dataclass
 
 _BOX = re.compile(r"\\(?:boxed|fbox)")
-_TEXT = re.compile(r"\\(?:text|textbf|mathrm)\{")
+# LaTeX wrappers that only style their text: \text, \textbf, \textit, \emph, \mathbf, \mathrm, \mbox ...
+_TEXT = re.compile(r"\\(?:text(?:bf|it|rm|sf|tt|up|sl|sc|md|normal)?|emph|mbox|math(?:rm|bf|it|sf|tt))\{")
 # "answer is", "answer to this/the question is" (the answer follows on the same line or a later one)
 _ANSWER_IS = re.compile(r"answer(?:\s+to\s+(?:this|the)\s+question)?\s+is\s*:?", re.I)
 # a line that starts (after markdown bullets, quotes, headings, emphasis) with an answer label and a colon, or
@@ -103,18 +105,23 @@ def _closing_brace(text: str, start: int) -> int | None:
 
 
 def unwrap_text(boxed: str) -> str:
-    """``\\text{New} \\text{York}`` -> ``New York``: every ``\\text{...}`` (``\\textbf``, ``\\mathrm``) replaced by
-    its content, braces matched (a greedy pattern took ``New} \\text{York``)."""
-    out, i = [], 0
-    for m in _TEXT.finditer(boxed):
-        if m.start() < i:
-            continue
-        end = _closing_brace(boxed, m.end() - 1)
-        if end is None:
-            break
-        out.append(boxed[i:m.start()] + boxed[m.end():end])
-        i = end + 1
-    return "".join(out) + boxed[i:]
+    """``\\text{New} \\text{York}`` -> ``New York``: every ``\\text{...}`` (and the other styling wrappers:
+    ``\\textbf``, ``\\textit``, ``\\textrm``, ``\\textsf``, ``\\texttt``, ``\\emph``, ``\\mbox``, ``\\mathrm``,
+    ``\\mathbf``, ...) replaced by its content, braces matched (a greedy pattern took ``New} \\text{York``), nested
+    ones too (``\\textbf{\\text{Paris}}`` -> ``Paris``)."""
+    while True:
+        out, i = [], 0
+        for m in _TEXT.finditer(boxed):
+            if m.start() < i:
+                continue
+            end = _closing_brace(boxed, m.end() - 1)
+            if end is None:
+                break
+            out.append(boxed[i:m.start()] + boxed[m.end():end])
+            i = end + 1
+        if not out:
+            return boxed
+        boxed = "".join(out) + boxed[i:]
 
 
 def _clean(text: str) -> str:
@@ -139,6 +146,6 @@ def extract_answer(text: str) -> ExtractedAnswer:
     for end in reversed(ends):  # the last phrase or label with an answer after it
         ans = _text_after(body, end)
         if ans and not ans.endswith(":") and not (_ANSWER_IS.search(ans) or _LABEL.match(ans)):
-            return ExtractedAnswer(ans, "answer_is")
+            return ExtractedAnswer(unwrap_text(ans), "answer_is")
     raw = body.strip()
     return ExtractedAnswer(raw, "raw") if raw else ExtractedAnswer("", "empty")

@@ -113,14 +113,21 @@ def kept_ranges(bounds: Sequence[int], text_chars: int, max_tokens: int | None) 
     # the character offset bounds[k] may keep more than k tokens: the tokens before offset c are those up to the
     # last index whose boundary is c. Cut the head at the last offset that keeps at most `head` tokens and read
     # the tail from its offset, and count what is kept.
-    c = bounds[head]
-    kept_head = bisect.bisect_right(bounds, c) - 1
-    if kept_head > head:
-        i = bisect.bisect_left(bounds, c) - 1
-        c, kept_head = (bounds[i], bisect.bisect_right(bounds, bounds[i]) - 1) if i >= 0 else (0, 0)
+    c, kept_head = _head_cut(bounds, head)
     t = bounds[n - tail]
     kept_tail = n - (bisect.bisect_right(bounds, t) - 1)
     return ((0, int(c)), (int(t), text_chars)), int(kept_head + kept_tail)
+
+
+def _head_cut(bounds: Sequence[int], head: int) -> tuple[int, int]:
+    """``(char, tokens)``: where a head of at most ``head`` tokens ends, at a character boundary, and the tokens it
+    keeps (fewer than ``head`` where a multi-byte character would straddle the cut; see :func:`kept_ranges`)."""
+    c = int(bounds[head])
+    kept = bisect.bisect_right(bounds, c) - 1
+    if kept > head:
+        i = bisect.bisect_left(bounds, c) - 1
+        c, kept = (int(bounds[i]), bisect.bisect_right(bounds, bounds[i]) - 1) if i >= 0 else (0, 0)
+    return c, kept
 
 
 def center_truncate(text: str, tokenizer: Tokenizer, max_tokens: int | None) -> tuple[str, int]:
@@ -153,8 +160,9 @@ def chunk_document(text: str, tokenizer: Tokenizer, chunk_tokens: int,
     """Center-truncate ``text`` to ``max_tokens`` and split it into chunks, tokenizing it once.
 
     The kept head and tail keep the token ids and boundaries of the whole document (not a re-tokenisation of
-    the shortened text, which could merge differently where the two halves meet), so the chunks hold exactly
-    ``min(T, max_tokens)`` tokens and their texts join to the shortened text. The chunks of
+    the shortened text, which could merge differently where the two halves meet), so the chunks hold the
+    tokens :func:`center_truncate_ranges` counts (``min(T, max_tokens)``, less where a multi-byte character
+    straddles a cut and is left out) and their texts join to the shortened text. The chunks of
     :class:`ChunkStream`, gathered in a list.
 
     Args:
@@ -293,20 +301,24 @@ class ChunkStream:
             self.document_tokens, self.kept = n, ((0, chars),)
             yield from ((b.text, b.bounds) for b in blocks)
             return
-        self.document_tokens, cut, first = self.max_tokens, 0, n - tail
+        # the cuts of kept_ranges: the head ends at the last character boundary that keeps at most `head` tokens,
+        # the tail starts at the first character boundary that keeps at most `tail` (a character is never split)
+        first = n - tail
+        hb = next(b for b in held if b.start_token + b.num_tokens >= head)
+        hc, hk = _head_cut(hb.bounds, head - hb.start_token)
+        tb = next(b for b in blocks if b.start_token + b.num_tokens > first)
+        tc = int(tb.bounds[first - tb.start_token])
+        tk = int(np.searchsorted(tb.bounds, tc, side="right")) - 1
+        self.document_tokens = hb.start_token + hk + n - (tb.start_token + tk)
+        self.kept = ((0, hb.start_char + hc), (tb.start_char + tc, chars))
         for b in held:
-            k = min(head - b.start_token, b.num_tokens)
-            cut = b.start_char + int(b.bounds[k])
-            yield b.text[: b.bounds[k]], b.bounds[: k + 1]
-            if b.start_token + k >= head:
+            if b is hb:
+                yield b.text[:hc], b.bounds[: hk + 1]
                 break
-        for b in blocks:
-            if b.start_token + b.num_tokens <= first:
-                continue
-            k = max(0, first - b.start_token)
-            if self.kept is None:
-                self.kept = ((0, cut), (b.start_char + int(b.bounds[k]), chars))
-            yield b.text[b.bounds[k]:], b.bounds[k:] - b.bounds[k]
+            yield b.text, b.bounds
+        start = next(i for i, b in enumerate(blocks) if b is tb)
+        yield tb.text[tc:], tb.bounds[tk:] - tc
+        yield from ((b.text, b.bounds) for b in blocks[start + 1:])
 
     def _cut(self, blocks: Iterator[tuple[str, np.ndarray]]) -> Iterator[Chunk]:
         """:func:`chunk_offsets`'s slices and joining rules over a stream of blocks."""

@@ -140,3 +140,35 @@ def test_boxed_text_parts_and_literal_braces():
         assert (extract_answer(text).answer, extract_answer(text).method) == (answer, "boxed"), text
     assert score("exact_match", r"\boxed{\text{New} \text{York}}", ["New York"]) == 1.0
     assert extract_answer(r"\boxed{\text{cut off").method == "raw"  # never closed: not a box
+
+
+def test_every_styling_wrapper_in_a_box_is_unwrapped_nested_too():
+    """\\textit, \\emph, \\mathbf ... only style their text: \\boxed{\\mathbf{42}} is 42. Only \\text, \\textbf and
+    \\mathrm were unwrapped, so these normalised to "mathbf42" or "textitparis" and scored 0 in EM, F1 and the strict
+    reward; a nested wrapper kept the inner one."""
+    from memagent.answers import extract_answer, unwrap_text
+    from memagent.scoring import score
+
+    cases = {r"\boxed{\textit{Paris}}": "Paris", r"\boxed{\emph{Paris}}": "Paris", r"\boxed{\mathbf{42}}": "42",
+             r"\boxed{\texttt{x}\textsf{y}}": "xy", r"\boxed{\mbox{New York}}": "New York",
+             r"\boxed{\text{\textbf{Paris}}}": "Paris", r"\boxed{\textbf{\text{New} York}}": "New York",
+             r"\boxed{\operatorname{sin}}": r"\operatorname{sin}"}
+    for text, answer in cases.items():
+        assert extract_answer(text).answer == answer, text
+    assert unwrap_text(r"\text{a} \textbf{cut \text{off}") == r"a \textbf{cut \text{off}"  # an unclosed one stays
+    assert score("exact_match", r"\boxed{\mathbf{42}}", ["42"]) == 1.0
+    assert score("strict_boxed", r"\boxed{\textit{Paris}}", ["Paris"]) == 1.0
+    assert score("f1", r"\boxed{\emph{New York}}", ["new york"]) == 1.0
+
+
+def test_an_answer_after_a_label_in_latex_style_is_unwrapped_as_a_box_is():
+    """``Answer: $\\text{Paris}$`` is Paris, as ``\\boxed{\\text{Paris}}`` is: the label's answer kept the wrapper,
+    normalised to "textparis" and scored 0 in EM and F1."""
+    from memagent.answers import extract_answer
+    from memagent.scoring import score
+
+    assert (extract_answer(r"Answer: $\text{Paris}$").answer, extract_answer(r"**Answer:** \textbf{Paris}.").answer,
+            extract_answer(r"The answer is \(\text{New York}\).").answer) == ("$Paris$", "Paris", r"\(New York\)")
+    assert extract_answer(r"The answer is \textbf{Paris}.").method == "answer_is"
+    assert score("exact_match", r"Answer: $\text{Paris}$", ["Paris"]) == 1.0
+    assert score("f1", r"The answer is \(\text{New York}\).", ["New York"]) == 1.0

@@ -137,6 +137,28 @@ def test_center_truncate_ranges_and_source_ranges():
     assert center_truncate("a€b€c", ByteTokenizer(), 6) == ("ac", 2)  # "a€" and "€c" are 4 bytes each
 
 
+def test_the_agents_truncated_stream_cuts_where_center_truncation_does():
+    """The agent's center truncation (ChunkStream with max_context_tokens) keeps what center_truncate_ranges keeps:
+    a character straddling a cut is left out and the count is what is kept. It kept "a" + "€" for a 2-token head
+    (4 bytes) and counted 4 tokens for the 5 bytes of "a€b"; the direct method and the report's second cut did not."""
+    from memagent.chunking import ChunkStream, chunk_document
+
+    tok = ByteTokenizer()
+    chunks, n, kept = chunk_document("a€€€b", tok, 1, 4)  # 11 bytes; head 2, tail 2
+    assert [(c.text, c.num_tokens) for c in chunks] == [("a", 1), ("b", 1)]
+    assert (kept, n) == center_truncate_ranges("a€€€b", tok, 4) == (((0, 1), (4, 5)), 2)
+    chunks, n, kept = chunk_document("€€€€", tok, 2, 4)  # no whole character fits either half
+    assert (chunks, n, kept) == ([], 0, ((0, 0), (4, 4)))
+    text = "word €uro " * 50 + "end"
+    for budget in range(2, 40):
+        for block_chars in (16, 4096):
+            stream = ChunkStream(text, tok, 3, budget, block_chars=block_chars)
+            got = list(stream)
+            ranges, count = center_truncate_ranges(text, tok, budget)
+            assert stream.kept == ranges and stream.document_tokens == count == sum(c.num_tokens for c in got)
+            assert "".join(c.text for c in got) == center_truncate(text, tok, budget)[0]
+
+
 def test_chunk_tokens_must_be_positive():
     with pytest.raises(ConfigError, match="chunk_tokens"):
         chunk_text("abc", ByteTokenizer(), 0)

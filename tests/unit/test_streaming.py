@@ -3,6 +3,7 @@ chunks are cut as it is read, identical to the chunks of the whole text."""
 
 from __future__ import annotations
 
+import bisect
 import io
 import os
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memagent.chunking import ChunkStream, chunk_document, chunk_offsets
+from memagent.chunking import ChunkStream, chunk_document, chunk_offsets, kept_ranges
 from memagent.data.sources import FileText, IterText, StreamText, document_source
 from memagent.errors import DataError
 from memagent.stitching import FORCE_AFTER_BLOCKS, string_pieces, text_blocks, token_blocks
@@ -42,13 +43,14 @@ def _reference_chunks(text, tok, size, max_tokens=None):
     n = len(ids)
     if max_tokens is None or n <= max_tokens:
         return chunk_offsets(text, ids, bounds, size), n
-    tail = max_tokens // 2
-    head = max_tokens - tail
-    cut, resume = bounds[head], bounds[n - tail]
+    # the cuts of center_truncate_ranges: a character straddling a cut is left out, so fewer tokens may be kept
+    ((_, cut), (resume, _)), kept = kept_ranges(bounds, len(text), max_tokens)
+    head = bisect.bisect_right(bounds, cut) - 1
+    tail = n - (bisect.bisect_right(bounds, resume) - 1)
     short = text[:cut] + text[resume:]
     sb = list(bounds[: head + 1]) + [b - (resume - cut) for b in bounds[n - tail + 1:]]
     sb[-1] = len(short)
-    return chunk_offsets(short, list(ids[:head]) + list(ids[n - tail:]), sb, size), max_tokens
+    return chunk_offsets(short, list(ids[:head]) + list(ids[n - tail:]), sb, size), kept
 
 
 def _block_ids(tok, text, block_chars, piece_chars=7):
