@@ -220,7 +220,11 @@ class MemoryAgent:
 
     # ------------------------------------------------------------------------------------------ loop
     def _prepare(self, sample: Sample) -> _State:
-        st = _State(sample, ChunkStream(sample.context, self.tokenizer, self.config.chunk_tokens,
+        # a document of whitespace only is read as empty (no update call, as the reference, which strips the
+        # context): the memory could learn nothing from blank chunks, and the warnings say the answer rests on the
+        # question alone
+        context = "" if isinstance(sample.context, str) and not sample.context.strip() else sample.context
+        st = _State(sample, ChunkStream(context, self.tokenizer, self.config.chunk_tokens,
                                         self.config.max_context_tokens))
         st.advance()
         return st
