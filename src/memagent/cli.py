@@ -62,15 +62,23 @@ def _fail(e: Exception) -> None:
 
 
 def _read_document(document: str, allow_binary: bool = False):
-    """The document from a file or stdin (``-``), read in pieces as the agent needs them
-    (:mod:`memagent.data.sources`; decoded as :func:`memagent.data.io.read_document_text` decodes)."""
+    """The document from a file, stdin (``-``) or a pipe (``<(zcat doc.gz)``, read once as stdin is), in pieces as
+    the agent needs them (:mod:`memagent.data.sources`; decoded as :func:`memagent.data.io.read_document_text`
+    decodes)."""
     from memagent.data.sources import FileText, StreamText
+    from memagent.errors import DataError
 
     def warn(m: str) -> None:
         typer.secho(f"warning: {m}", fg="yellow", err=True)
 
     if document == "-":
         return StreamText(sys.stdin.buffer, "stdin", allow_binary, warn)
+    p = Path(document)
+    if p.exists() and not p.is_file() and not p.is_dir():  # a pipe or a device such as /dev/stdin
+        try:
+            return StreamText(open(p, "rb"), document, allow_binary, warn)  # noqa: SIM115 - read until the run ends
+        except OSError as e:
+            raise DataError(f"cannot read {document}: {e.strerror or e}") from None
     return FileText(document, allow_binary, warn)
 
 

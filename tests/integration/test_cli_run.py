@@ -537,3 +537,36 @@ def test_a_full_disk_mid_run_is_named_and_the_rows_written_stay_for_resume(tmp_p
     assert sorted(json.loads(x)["sample_id"] for x in out.read_text().splitlines()) == ["s0", "s1", "s2", "s3"]
     assert [json.loads(x)["sample_id"] for x in trace.read_text().splitlines()] == ["s0", "s0", "s1", "s1", "s2", "s2",
                                                                                       "s3", "s3"]
+
+
+def test_a_document_from_a_pipe_is_read_as_stdin_is(tmp_path):
+    """`-d <(zcat doc.txt.gz)` (a named pipe, as `-i <(cat rows.jsonl)` already was): read once, in pieces, as
+    `-d -` reads stdin; it was refused as "not a file"."""
+    import os
+    import subprocess
+    import time
+
+    doc = tmp_path / "doc.txt"
+    doc.write_text("first line of the document\nsecond line\n" * 3)
+    want = _run("run", "-q", "What?", "-d", str(doc), "-b", "scripted", "--chunk-tokens", "40",
+                "--trace", str(tmp_path / "want.jsonl"))
+    assert want.exit_code == 0, want.output
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    writer = subprocess.Popen(["sh", "-c", 'cat "$0" > "$1"', str(doc), str(fifo)])  # as a shell's <(cat doc.txt)
+    try:
+        r = _run("run", "-q", "What?", "-d", str(fifo), "-b", "scripted", "--chunk-tokens", "40",
+                 "--trace", str(tmp_path / "got.jsonl"))
+    finally:
+        if writer.poll() is None:  # the run did not open the pipe: let the writer finish
+            time.sleep(0.2)
+            if writer.poll() is None:
+                fifo.read_bytes()
+        writer.wait(timeout=10)
+    assert r.exit_code == 0, r.output
+    assert r.stdout == want.stdout
+
+    def timeless(p):
+        return [{k: v for k, v in json.loads(x).items() if k != "seconds"} for x in p.read_text().splitlines()]
+
+    assert timeless(tmp_path / "got.jsonl") == timeless(tmp_path / "want.jsonl")
