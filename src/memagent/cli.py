@@ -62,15 +62,23 @@ def _fail(e: Exception) -> None:
 
 
 def _read_document(document: str, allow_binary: bool = False):
-    """The document from a file or stdin (``-``), read in pieces as the agent needs them
-    (:mod:`memagent.data.sources`; decoded as :func:`memagent.data.io.read_document_text` decodes)."""
+    """The document from a file, stdin (``-``) or a pipe (``<(zcat doc.gz)``, read once as stdin is), in pieces as
+    the agent needs them (:mod:`memagent.data.sources`; decoded as :func:`memagent.data.io.read_document_text`
+    decodes)."""
     from memagent.data.sources import FileText, StreamText
+    from memagent.errors import DataError
 
     def warn(m: str) -> None:
         typer.secho(f"warning: {m}", fg="yellow", err=True)
 
     if document == "-":
         return StreamText(sys.stdin.buffer, "stdin", allow_binary, warn)
+    p = Path(document)
+    if p.exists() and not p.is_file() and not p.is_dir():  # a pipe or a device such as /dev/stdin
+        try:
+            return StreamText(open(p, "rb"), document, allow_binary, warn)  # noqa: SIM115 - read until the run ends
+        except OSError as e:
+            raise DataError(f"cannot read {document}: {e.strerror or e}") from None
     return FileText(document, allow_binary, warn)
 
 
@@ -176,22 +184,38 @@ def run(
                 # turns first, then the prediction row: a sample counts as done (for --resume) only once its turns
                 # are on disk; a kill between the two reruns it, and the resume drops its earlier turns
                 if trace_f:
-                    trace_f.write_many(trace_rows(traj))
+                    _write_rows(trace_f, "--trace", trace_rows(traj), input is not None)
                 if out_f:
-                    out_f.write(_prediction_row(sample, traj, settings, trace))
+                    _write_rows(out_f, "--output", [_prediction_row(sample, traj, settings, trace)], input is not None)
 
             try:
                 trajs = agent.run(samples, on_result=on_result, on_turn=on_turn, progress=sys.stderr.isatty())
             finally:
                 for f in (out_f, trace_f):
                     if f:
-                        f.close()
+                        with contextlib.suppress(OSError):  # a write that failed is reported as such, not here
+                            f.close()
                 b.close()
         except MemagentError as e:
             _echo_endpoint_stats(b, only_if_used=True)  # every server down mid-run: how far each one got
             _fail(e)
     _echo_endpoint_stats(b)
     _report_run(samples, trajs, input is None, output, settings, trace)
+
+
+def _write_rows(writer, flag: str, rows: list, resumable: bool) -> None:
+    """Append rows to an output of ``run`` (``resumable``: an ``--input`` run, which ``--resume`` continues).
+
+    Raises:
+        MemagentError: the write failed (a full disk, a file size limit), naming ``flag``, the file and the
+            system's reason; the rows written before stay, and a torn last line is cut by ``--resume``.
+    """
+    try:
+        writer.write_many(rows)
+    except OSError as e:
+        how = ("the rows written so far are kept: make room and rerun the same command with --resume" if resumable
+               else "make room and rerun with --overwrite")
+        raise MemagentError(f"cannot write {flag} {writer.path}: {e.strerror or e}; {how}") from None
 
 
 def _echo_endpoint_stats(b, only_if_used: bool = False) -> None:

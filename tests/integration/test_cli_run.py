@@ -538,3 +538,68 @@ def test_input_samples_from_stdin(tmp_path):
     r = CliRunner().invoke(app, ["run", "-i", "-", "-o", str(out), "-b", "scripted"], input=inp.read_text())
     assert r.exit_code == 0, r.output
     assert [json.loads(x)["sample_id"] for x in out.read_text().splitlines()] == ["s0", "s1", "s2"]
+
+
+def test_a_full_disk_mid_run_is_named_and_the_rows_written_stay_for_resume(tmp_path, monkeypatch):
+    """The disk fills (or a file size limit is hit) while rows are written: exit 2 naming the option, the file
+    and the system's reason, and how to go on; the rows on disk stay and --resume completes them. It was an
+    OSError traceback (exit 1)."""
+    import errno
+
+    from memagent.runfiles import jsonl
+
+    inp, out, trace = _input(tmp_path, 4), tmp_path / "preds.jsonl", tmp_path / "trace.jsonl"
+    real = jsonl.JsonlWriter.write_many
+
+    def fills_up(self, rows):
+        if self.path == trace and len(trace.read_text().splitlines()) >= 4:  # two samples' turns fit
+            self._f.write('{"torn')  # part of a row reaches the disk
+            self._f.flush()
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(self, rows)
+
+    monkeypatch.setattr(jsonl.JsonlWriter, "write_many", fills_up)
+    r = _run("run", "-i", str(inp), "-o", str(out), "--trace", str(trace), "-b", "scripted", "--batch-size", "1")
+    assert r.exit_code == 2, r.output
+    assert f"cannot write --trace {trace}: No space left on device" in r.output
+    assert "--resume" in r.output and "Traceback" not in r.output
+    assert [json.loads(x)["sample_id"] for x in out.read_text().splitlines()] == ["s0", "s1"]
+    monkeypatch.setattr(jsonl.JsonlWriter, "write_many", real)
+    r = _run("run", "-i", str(inp), "-o", str(out), "--trace", str(trace), "-b", "scripted", "--resume")
+    assert r.exit_code == 0, r.output
+    assert sorted(json.loads(x)["sample_id"] for x in out.read_text().splitlines()) == ["s0", "s1", "s2", "s3"]
+    assert [json.loads(x)["sample_id"] for x in trace.read_text().splitlines()] == ["s0", "s0", "s1", "s1", "s2", "s2",
+                                                                                      "s3", "s3"]
+
+
+def test_a_document_from_a_pipe_is_read_as_stdin_is(tmp_path):
+    """`-d <(zcat doc.txt.gz)` (a named pipe, as `-i <(cat rows.jsonl)` already was): read once, in pieces, as
+    `-d -` reads stdin; it was refused as "not a file"."""
+    import os
+    import subprocess
+    import time
+
+    doc = tmp_path / "doc.txt"
+    doc.write_text("first line of the document\nsecond line\n" * 3)
+    want = _run("run", "-q", "What?", "-d", str(doc), "-b", "scripted", "--chunk-tokens", "40",
+                "--trace", str(tmp_path / "want.jsonl"))
+    assert want.exit_code == 0, want.output
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    writer = subprocess.Popen(["sh", "-c", 'cat "$0" > "$1"', str(doc), str(fifo)])  # as a shell's <(cat doc.txt)
+    try:
+        r = _run("run", "-q", "What?", "-d", str(fifo), "-b", "scripted", "--chunk-tokens", "40",
+                 "--trace", str(tmp_path / "got.jsonl"))
+    finally:
+        if writer.poll() is None:  # the run did not open the pipe: let the writer finish
+            time.sleep(0.2)
+            if writer.poll() is None:
+                fifo.read_bytes()
+        writer.wait(timeout=10)
+    assert r.exit_code == 0, r.output
+    assert r.stdout == want.stdout
+
+    def timeless(p):
+        return [{k: v for k, v in json.loads(x).items() if k != "seconds"} for x in p.read_text().splitlines()]
+
+    assert timeless(tmp_path / "got.jsonl") == timeless(tmp_path / "want.jsonl")

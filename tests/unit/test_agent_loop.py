@@ -440,3 +440,32 @@ def test_numpy_numbers_are_taken_as_python_numbers():
                          (dict(temperature=np.float64("nan")), "temperature must be a finite number")):
         with pytest.raises(ConfigError, match=message):
             AgentConfig(**bad)
+
+
+def test_ctrl_c_stops_a_server_run_after_the_requests_in_flight():
+    """Ctrl-C (KeyboardInterrupt in the main thread) during a server-style run: the samples not started are
+    cancelled and each worker stops after its request in flight, so the interrupt propagates at once. The
+    executor's shutdown used to run every queued sample first (40 samples, 120 more calls, then exit 130)."""
+    import _thread
+    import threading
+    import time
+
+    calls = []
+    lock = threading.Lock()
+
+    def responder(req):
+        with lock:
+            calls.append(req.request_id)
+            if len(calls) == 3:
+                _thread.interrupt_main()  # what a SIGINT does
+        time.sleep(0.01)
+        return "\\boxed{x}"
+
+    b = ScriptedBackend(responder=responder, batched=False)
+    samples = [Sample(f"s{i}", "q", "abcdefgh") for i in range(40)]  # 2 chunks + final each: 120 calls
+    written = []
+    with pytest.raises(KeyboardInterrupt):
+        _agent(b, batch_size=2).run(samples, on_result=lambda s, t: written.append(s.id))
+    time.sleep(0.05)  # no worker goes on in the background
+    assert 3 <= len(calls) <= 8, calls
+    assert len(written) <= 2 and len(calls) == len(b.calls)

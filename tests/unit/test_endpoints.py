@@ -259,3 +259,22 @@ def test_the_command_line_prints_memagent_warnings_without_source_lines():
     assert ours == "warning: server x left the rotation\n"
     theirs = _format_warning(UserWarning("deprecated"), UserWarning, str(Path(pytest.__file__)), 7, "code")
     assert theirs.startswith(str(Path(pytest.__file__))) and "7: UserWarning: deprecated" in theirs
+
+
+@pytest.mark.parametrize("url, root", [
+    ("http://h:8000/v1/chat/completions", "http://h:8000/v1"),
+    ("http://h:8000/v1/chat/completions/", "http://h:8000/v1"),
+    ("https://api.example.com/v1/completions", "https://api.example.com/v1"),
+    ("http://h:8000/v1/models", "http://h:8000/v1"),
+])
+def test_a_base_url_naming_an_endpoint_is_refused_naming_the_api_root(url, root):
+    """A URL copied with its endpoint (`.../v1/chat/completions`): the pre-flight passed (`GET .../models` was a 404,
+    which a server without a model listing answers too) and every request went to `.../chat/completions/chat/
+    completions`, each sample an error row."""
+    from memagent.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        _backend(Servers(), urls=(A, url))
+    assert str(e.value) == (f"base_url {url!r} names an endpoint, not the API root: give --base-url {root} "
+                            "(memagent adds /chat/completions and /models itself)")
+    _backend(Servers(), urls=(A, "http://h:8000/completions-proxy/v1"))  # a root that merely contains the word

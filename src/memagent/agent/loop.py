@@ -433,14 +433,17 @@ class MemoryAgent:
         with cutter, ThreadPoolExecutor(max_workers=max(1, min(workers, len(samples)))) as pool:
             futures = [pool.submit(one, s) for s in samples]
             out = []
-            for f in futures:  # the first exception, in sample order, once every worker has stopped
-                exc = f.exception()
-                if exc is not None:
-                    stop.set()
-                    for g in futures:
-                        g.cancel()
-                    raise exc
-                out.append(f.result())
+            try:
+                for f in futures:  # the first exception, in sample order, once every worker has stopped
+                    exc = f.exception()
+                    if exc is not None:
+                        raise exc
+                    out.append(f.result())
+            except BaseException:  # that exception, or Ctrl-C while waiting: no sample starts another call (the
+                stop.set()         # pool's exit waits only for the requests in flight, not for the queued samples)
+                for g in futures:
+                    g.cancel()
+                raise
             return out
 
     def _generate(self, requests: list[Request]) -> list[Completion]:

@@ -57,6 +57,9 @@ DEFAULT_CONCURRENCY = 256
 #: Transport failures that mean the endpoint is gone (not merely slow): it leaves the rotation.
 _GONE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 
+# The endpoints memagent appends to the API root (a base_url copied with one of them is refused).
+_ENDPOINT_PATH = re.compile(r"/(chat/completions|completions|models)$")
+
 # Strings that chat templates use as control tokens (ChatML, Llama, Mistral, GPT-2 style end of text).
 _CONTROL_LIKE = re.compile(r"<\|[A-Za-z_][A-Za-z0-9_]{0,30}\|>|</?s>|\[/?INST\]")
 
@@ -103,7 +106,8 @@ def check_base_url(url: object) -> None:
 
     Raises:
         ConfigError: ``url`` is not a string, lacks ``http://`` / ``https://``, has no host, holds whitespace,
-            or has a port that is not a number in 1-65535 (names the URL and the ``--base-url`` option).
+            has a port that is not a number in 1-65535, or ends with an endpoint (``/chat/completions``,
+            ``/completions``, ``/models``) instead of the API root (names the URL and the ``--base-url`` option).
     """
     fix = "give --base-url (base_url) as http://HOST:PORT/v1"
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
@@ -118,6 +122,10 @@ def check_base_url(url: object) -> None:
         raise ConfigError(f"base_url {url!r} names no host; {fix}")
     if parsed.port is not None and not 1 <= parsed.port <= 65535:
         raise ConfigError(f"base_url {url!r}: port {parsed.port} is outside 1-65535; {fix}")
+    endpoint = _ENDPOINT_PATH.search(url.rstrip("/"))
+    if endpoint:  # the pre-flight cannot tell: GET .../chat/completions/models is a 404, as on a server without a listing
+        raise ConfigError(f"base_url {url!r} names an endpoint, not the API root: give --base-url "
+                          f"{url.rstrip('/')[:endpoint.start()]} (memagent adds /chat/completions and /models itself)")
 
 
 class OpenAIBackend:
