@@ -180,6 +180,8 @@ def run(
                     typer.secho(f"[{sample.id}] memory after chunk {turn.chunk_index} ({turn.completion_tokens} tokens):", fg="cyan", err=True)
                     typer.echo(turn.memory, err=True)
 
+            written = [0]
+
             def on_result(sample, traj):
                 # turns first, then the prediction row: a sample counts as done (for --resume) only once its turns
                 # are on disk; a kill between the two reruns it, and the resume drops its earlier turns
@@ -187,9 +189,15 @@ def run(
                     _write_rows(trace_f, "--trace", trace_rows(traj), input is not None)
                 if out_f:
                     _write_rows(out_f, "--output", [_prediction_row(sample, traj, settings, trace)], input is not None)
+                written[0] += 1
 
             try:
                 trajs = agent.run(samples, on_result=on_result, on_turn=on_turn, progress=sys.stderr.isatty())
+            except KeyboardInterrupt:
+                if out_f and input is not None:  # say what was kept and how to go on, then stop as interrupted
+                    typer.echo(f"interrupted: {written[0]} of {len(samples)} samples answered in this run are in "
+                               f"{output}; rerun the same command with --resume to answer the rest", err=True)
+                raise
             finally:
                 for f in (out_f, trace_f):
                     if f:

@@ -465,6 +465,27 @@ def test_demo_ruler_interrupted_in_the_trained_column_keeps_the_untrained_one(da
     assert {t["sample_id"] for t in turns} == {"niah_single_2-2048-0@untrained"} and len(turns) == 5 + 1  # 5 chunks + final
 
 
+def test_ctrl_c_during_an_input_run_says_what_is_kept_and_how_to_go_on(tmp_path, monkeypatch):
+    from memagent.agent.loop import MemoryAgent
+
+    real_run = MemoryAgent.run
+
+    def interrupted(self, samples, on_result=None, **kw):  # the first sample answered, then Ctrl-C
+        real_run(self, samples[:1], on_result=on_result)
+        raise KeyboardInterrupt
+
+    inp, out = _input(tmp_path, 4), tmp_path / "preds.jsonl"
+    monkeypatch.setattr(MemoryAgent, "run", interrupted)
+    r = _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted")
+    assert r.exit_code != 0
+    assert f"interrupted: 1 of 4 samples answered in this run are in {out}; rerun the same command with --resume" \
+        in r.output, r.output
+    assert len(out.read_text().splitlines()) == 1
+    monkeypatch.undo()
+    r = _run("run", "-i", str(inp), "-o", str(out), "-b", "scripted", "--resume")
+    assert r.exit_code == 0 and "1 samples already in" in r.output and len(out.read_text().splitlines()) == 4
+
+
 def test_run_lora_of_an_unknown_policy_name_exits_2_listing_the_packaged_ones(tmp_path):
     r = _run("run", "-q", "Q", "-d", "-", "--lora", "ruler-naih", "-b", "llamacpp", input="text")
     assert r.exit_code == 2 and "no packaged policy 'ruler-naih'" in r.output, r.output
