@@ -342,3 +342,18 @@ def test_one_run_folder_may_be_given_alone(tmp_path):
     _write_run(tmp_path / "run2", [_row("m", "t", 8, "a", 1.0)], "run2")
     written = write_report(str(tmp_path / "run2"), plot=False)  # a string, not a list of its characters
     assert tmp_path / "run2" / "summary.md" in written
+
+
+def test_a_row_whose_status_is_neither_ok_nor_error_is_malformed(tmp_path):
+    # summaries counted such a row as failed (n_error 1) while eval's exit status and --retry-errors took it for a
+    # finished sample (exit 0, never rerun): the three disagreed on one row
+    p = tmp_path / "results.jsonl"
+    good = _row("m", "t", 8, "a", 1.0)
+    for status in ("OK", "failed", ""):
+        p.write_text(json.dumps(good) + "\n" + json.dumps({**good, "sample_id": "b", "status": status}) + "\n")
+        with pytest.raises(DataError, match=rf"results.jsonl:2: malformed result row \(status is {status!r}, not 'ok' "
+                                            r"or 'error'\); fix or remove that line"):
+            read_results(p)
+    p.write_text(json.dumps(good) + "\n" + json.dumps({**good, "sample_id": "b", "status": "error", "score": 0.0}) + "\n")
+    (c,) = summarize(read_results(p))
+    assert (c.n, c.n_error, c.mean) == (2, 1, 0.5)

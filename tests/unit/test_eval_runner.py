@@ -840,3 +840,65 @@ def test_a_missing_task_file_names_the_task_and_length(tmp_path):
     })
     with pytest.raises(DataError, match=r"^task 'mine', file for length 1: input file '.*nosuch\.jsonl' not found$"):
         EvalRunner(cfg, backend=ScriptedBackend()).run()
+
+
+def test_a_template_file_edited_or_a_model_file_replaced_under_the_rows_is_refused(tmp_path):
+    from importlib import resources
+
+    text = resources.files("memagent.agent").joinpath("templates/default.yaml").read_text(encoding="utf-8")
+    tpl = tmp_path / "tpl.yaml"
+    tpl.write_text(text, encoding="utf-8")
+    d = _config(tmp_path).to_dict()
+    d["methods"][0]["templates"] = str(tpl)
+    cfg = EvalConfig.from_dict(d)
+    EvalRunner(cfg, backend=ScriptedBackend(responder=responder)).run(only=[("toy", 100)])
+    rows = (tmp_path / "run" / "results.jsonl").read_bytes()
+    first = json.loads((tmp_path / "run" / "manifest.json").read_text())["prompt_hashes"]["memagent"]
+    tpl.write_text(text.replace("No previous memory", "Nothing yet"), encoding="utf-8")  # same path, other prompts
+    with pytest.raises(ConfigError, match=r"rows of method 'memagent' made with other prompts \(prompt hash "
+                                          rf"{first} -> [0-9a-f]{{12}}: the prompt templates .*tpl.yaml' read otherwise"):
+        EvalRunner(cfg, backend=ScriptedBackend(responder=responder)).run()
+    assert (tmp_path / "run" / "results.jsonl").read_bytes() == rows  # nothing added: the cell is not mixed
+    tpl.write_text(text, encoding="utf-8")  # restored: the run resumes
+    EvalRunner(cfg, backend=ScriptedBackend(responder=responder)).run()
+    assert len(read_results(tmp_path / "run" / "results.jsonl")) == 16
+
+    # a backend that loads a model file (llama.cpp, hf, vllm): another file under the same path is refused
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"weights one")
+    cfg2 = _config(tmp_path, out="run2")
+
+    def backend():
+        b = ScriptedBackend(responder=responder)
+        b.model_path = str(model)
+        return b
+
+    EvalRunner(cfg2, backend=backend()).run(only=[("toy", 100)])
+    m = json.loads((tmp_path / "run2" / "manifest.json").read_text())
+    import hashlib
+
+    assert m["model_hashes"] == {"memagent": hashlib.sha256(b"weights one").hexdigest(),
+                                 "direct": hashlib.sha256(b"weights one").hexdigest()}
+    model.write_bytes(b"weights two")
+    with pytest.raises(ConfigError, match=r"rows of method 'memagent' made with another model under the same path"):
+        EvalRunner(cfg2, backend=backend()).run()
+    model.write_bytes(b"weights one")
+    EvalRunner(cfg2, backend=backend()).run()
+    assert len(read_results(tmp_path / "run2" / "results.jsonl")) == 16
+
+
+def test_a_key_given_twice_in_a_grid_file_is_refused_naming_both_lines(tmp_path):
+    grid = tmp_path / "grid.yaml"
+    head = "backend: {name: scripted}\nmethods:\n  - {name: m, kind: direct, max_new_tokens: 8}\n"
+    grid.write_text(head + "tasks:\n  - {name: vt, lengths: [2K]}\ntasks:\n  - {name: niah_single_1, lengths: [2K]}\n")
+    with pytest.raises(ConfigError, match=rf"{grid}: line 6: the key 'tasks' is given a second time \(first at line 4\)"):
+        EvalConfig.from_yaml(grid)  # PyYAML kept the second block only: vt was silently never run
+    grid.write_text("backend: {name: scripted}\nmethods:\n  - {name: m, kind: memory_agent, chunk_tokens: 1000,\n"
+                    "     memory_tokens: 64, chunk_tokens: 500}\ntasks:\n  - {name: vt, lengths: [2K]}\n")
+    with pytest.raises(ConfigError, match=r"line 4: the key 'chunk_tokens' is given a second time \(first at line 3\)"):
+        EvalConfig.from_yaml(grid)
+    # a key merged in from an anchor may be set again beside the merge, as YAML intends
+    grid.write_text("backend: {name: scripted}\nmethods:\n  - &a {name: a, kind: memory_agent, chunk_tokens: 1000}\n"
+                    "  - {<<: *a, name: b, chunk_tokens: 500}\ntasks:\n  - {name: vt, lengths: [2K]}\n")
+    cfg = EvalConfig.from_yaml(grid)
+    assert [(m.name, m.agent.chunk_tokens) for m in cfg.methods] == [("a", 1000), ("b", 500)]

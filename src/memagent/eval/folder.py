@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -59,16 +60,8 @@ class RunFolder:
         """Write ``manifest.json``, keeping the first start time, the settings of tasks that have rows or data but
         are not in this config, and the entries (``config.methods``, ``method_hashes``, ``prompt_hashes``) of
         methods that have rows but are not in this config."""
-        from memagent.agent.prompts import DEFAULT_TEMPLATES, PromptTemplates
-        from memagent.eval.direct import direct_template_hash
-
-        prompt_hashes = {}
-        for m in self.config.methods:
-            if m.kind == "direct":
-                prompt_hashes[m.name] = direct_template_hash()
-            else:
-                t = m.agent.templates
-                prompt_hashes[m.name] = (PromptTemplates.from_file(t) if t else DEFAULT_TEMPLATES).hash
+        prompt_hashes = {m.name: self.prompt_hash(m) for m in self.config.methods}
+        model_hashes = {m.name: h for m in self.config.methods if (h := self.model_hash(m)) is not None}
         path = self.run_dir / "manifest.json"
         old = read_manifest(path)
         config = self.config.to_dict()
@@ -83,12 +76,70 @@ class RunFolder:
                 method_hashes[name] = found
             if name in (old.get("prompt_hashes") or {}):
                 prompt_hashes[name] = old["prompt_hashes"][name]
+            if name in (old.get("model_hashes") or {}):
+                model_hashes[name] = old["model_hashes"][name]
         write_manifest(path, {
             "name": self.config.name, "config": config, "method_hashes": method_hashes,
-            "prompt_hashes": prompt_hashes, "backend": self.backend.name, "context_tokens": self.backend.context_tokens,
+            "prompt_hashes": prompt_hashes, **({"model_hashes": model_hashes} if model_hashes else {}), "backend": self.backend.name, "context_tokens": self.backend.context_tokens,
             "tokenizer": self.tokenizer.name, "seed": self.config.seed, "data_seed": self.config.data_seed,
             "task_settings": self._merged_task_settings(writer),
         })
+
+    def prompt_hash(self, m) -> str:
+        """The hash of the prompt text method ``m`` sends: its templates (a built-in set or the file it names, read
+        now), or the direct method's template."""
+        from memagent.agent.prompts import DEFAULT_TEMPLATES, PromptTemplates
+        from memagent.eval.direct import direct_template_hash
+
+        if m.kind == "direct":
+            return direct_template_hash()
+        t = m.agent.templates
+        return (PromptTemplates.from_file(t) if t else DEFAULT_TEMPLATES).hash
+
+    def model_hash(self, m) -> str | None:
+        """The sha256 of the model file or folder method ``m``'s backend loads (a llama.cpp GGUF, an hf or vllm
+        model folder; :func:`memagent.hashing.model_sha256`), ``None`` for a backend that loads no local model (a
+        server, the scripted backend)."""
+        from memagent.hashing import model_sha256
+
+        path = getattr(self.backend_of(m), "model_path", None)
+        settings = self.config.backend_for(m)
+        if path is None and settings.get("name") == "vllm":
+            path = settings.get("model")
+        if not isinstance(path, (str, os.PathLike)):
+            return None
+        try:
+            return model_sha256(path)
+        except OSError:
+            return None
+
+    def check_method_files(self, writer: ResultWriter) -> None:
+        """Refuse to add rows to a method whose rows in the folder were made from other file contents under the
+        same settings: a prompt template file edited since (the manifest's ``prompt_hashes``), or another model
+        file or folder under the same path (``model_hashes``). A method's hash holds the paths only, so such rows
+        would be mixed into one cell silently. A hash the manifest does not record is not compared.
+
+        Raises:
+            ConfigError: naming the method, the file and both hashes.
+        """
+        old = read_manifest(self.run_dir / "manifest.json")
+        for m in self.config.methods:
+            if m.name not in writer.hashes:
+                continue
+            was = (old.get("prompt_hashes") or {}).get(m.name) if isinstance(old.get("prompt_hashes"), dict) else None
+            now = self.prompt_hash(m)
+            if isinstance(was, str) and was != now:
+                what = (f"the prompt templates {m.agent.templates!r} read otherwise now" if m.agent.templates
+                        else "memagent's built-in prompt templates changed (another memagent version)")
+                raise ConfigError(f"{self.run_dir}/results.jsonl holds rows of method {m.name!r} made with other "
+                                  f"prompts (prompt hash {was} -> {now}: {what}); restore the templates, or use a new "
+                                  "--output folder or rename the method")
+            models = old.get("model_hashes") if isinstance(old.get("model_hashes"), dict) else {}
+            was, now = models.get(m.name), self.model_hash(m)
+            if isinstance(was, str) and now is not None and was != now:
+                raise ConfigError(f"{self.run_dir}/results.jsonl holds rows of method {m.name!r} made with another "
+                                  f"model under the same path (model sha256 {was[:12]} -> {now[:12]}); restore the "
+                                  "model, or use a new --output folder or rename the method")
 
     def _earlier_methods(self, writer: ResultWriter | None, old: dict[str, Any]) -> list[str]:
         """Methods that have rows in the folder but are not in this config (their manifest entries are kept):

@@ -222,6 +222,7 @@ class EvalRunner(RunFolder):
                         "the method"
                     )
             self._check_names_against_rows(writer)
+            self.check_method_files(writer)
             self.check_methods()
             self.check_resume(writer)
             manifest, data = self.run_dir / "manifest.json", self.run_dir / "data"

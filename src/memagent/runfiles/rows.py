@@ -157,6 +157,9 @@ def check_row(row: Any, where: str) -> None:
             raise DataError(f"{where}: malformed result row (no {key!r} field); fix or remove that line")
         if not isinstance(row[key], typ) or isinstance(row[key], bool):
             raise DataError(f"{where}: malformed result row ({key!r} is {row[key]!r}); fix or remove that line")
+    if row["status"] not in ("ok", "error"):  # summaries count anything but ok as failed, resume and exit status
+        raise DataError(f"{where}: malformed result row (status is {row['status']!r}, not 'ok' or 'error'); fix or "
+                        "remove that line")  # only 'error': the three would disagree on that row
     for key, typ in OPTIONAL_ROW_FIELDS.items():
         v = row.get(key)
         if v is not None and (not isinstance(v, typ) or isinstance(v, bool)):
