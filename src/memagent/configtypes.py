@@ -19,6 +19,8 @@ import typing
 from collections.abc import Callable
 from typing import Any, Literal
 
+import yaml
+
 from memagent.errors import ConfigError
 
 
@@ -292,3 +294,44 @@ def parse_ints(text: str | None, option: str, suffix: bool = True) -> list[int]:
         if v not in out:  # 4K,4096 is one size
             out.append(v)
     return out
+
+
+class DuplicateKeyError(yaml.YAMLError):
+    """A key given twice in one mapping of a YAML settings file (the message names both lines)."""
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.safe_load``'s loader, refusing a key given twice in one mapping: PyYAML keeps the last value silently,
+    so a grid's second ``tasks:`` block dropped the first one's tasks and a second ``chunk_tokens`` replaced the
+    first. A key merged in with ``<<: *anchor`` may still be set again beside it, as YAML intends.
+
+    Raises:
+        DuplicateKeyError: naming the key and the lines of both.
+    """
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, Any] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node)
+                except TypeError:  # an unhashable key: the constructor below names it
+                    continue
+                if first is not key_node:
+                    raise DuplicateKeyError(
+                        f"line {key_node.start_mark.line + 1}: the key {key!r} is given a second time (first at "
+                        f"line {first.start_mark.line + 1}) in one mapping; YAML would keep only the last, silently "
+                        "dropping the first: give it once")
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(stream: Any) -> Any:
+    """``yaml.safe_load`` with :class:`UniqueKeyLoader` (a key given twice in one mapping is refused).
+
+    Raises:
+        DuplicateKeyError: a repeated key; yaml.YAMLError: other bad YAML.
+    """
+    return yaml.load(stream, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass

@@ -51,6 +51,14 @@ def test_default_templates_structure_and_hash():
     assert DEFAULT_TEMPLATES.hash == "1378d386897b"  # golden: changes whenever the wording changes
 
 
+def test_a_template_given_twice_in_a_file_is_refused(tmp_path):
+    p = tmp_path / "t.yaml"
+    p.write_text("update: 'U {problem} {memory} {chunk}'\nfinal: 'F {problem} {memory}'\nupdate: 'U2 {chunk}'\n")
+    with pytest.raises(ConfigError, match=r"not valid YAML: line 3: the key 'update' is given a second time "
+                                          r"\(first at line 1\)"):
+        PromptTemplates.from_file(p)  # the first update template was dropped silently
+
+
 def test_templates_from_file_and_errors(tmp_path):
     p = tmp_path / "t.yaml"
     p.write_text("update: '{question}|{memory}|{chunk}'\nfinal: '{question}|{memory}'\nno_memory: '-'\n")

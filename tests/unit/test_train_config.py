@@ -105,6 +105,16 @@ def test_settings_that_defeat_the_kl_term_or_the_ratio_warn():
                            "rl.mini_batches=1"])
 
 
+def test_a_key_given_twice_in_a_training_config_is_refused_naming_both_lines(tmp_path):
+    cfg = tmp_path / "train.yaml"
+    cfg.write_text("optim:\n  lr: 1.0e-5\nrl:\n  group_size: 4\noptim:\n  lr: 1.0e-4\n")
+    with pytest.raises(ConfigError, match=r"line 5: the key 'optim' is given a second time \(first at line 1\)"):
+        load_config(str(cfg))  # PyYAML kept the second section only, silently
+    cfg.write_text("base: &b {lr: 1.0e-5, warmup_steps: 2}\noptim:\n  <<: *b\n  lr: 1.0e-4\n")  # merge, then override
+    with pytest.raises(ConfigError, match=r"unknown .*base"):
+        load_config(str(cfg))  # the override itself is allowed; only the stray 'base' section is refused
+
+
 def test_huge_validation_multipliers_warn():
     """120 words x 100000 = 12M-word documents per validation question: warned (the threshold is 1M words);
     120 x 8000 = 960,000 words is not, nor any size when validation is off."""

@@ -21,6 +21,7 @@ from importlib import resources
 
 import yaml
 
+from memagent.configtypes import load_yaml
 from memagent.errors import ConfigError
 from memagent.types import Message
 
@@ -109,7 +110,7 @@ class PromptTemplates:
             return _load_builtin(path)
         try:
             with open(path, encoding="utf-8") as f:
-                data = yaml.safe_load(f)
+                data = load_yaml(f)
         except OSError as e:
             raise ConfigError(f"cannot read prompt templates {os.fspath(path)!r}: {e}") from e
         except yaml.YAMLError as e:

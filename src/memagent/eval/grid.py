@@ -38,7 +38,8 @@ import yaml
 
 from memagent.agent.config import AgentConfig
 from memagent.agent.prompts import BUILTIN_TEMPLATES
-from memagent.configtypes import build_flat, check_sampling, coerce, coerce_fields, flat, flat_dict, flat_names, parse_ints
+from memagent.configtypes import (DuplicateKeyError, build_flat, check_sampling, coerce, coerce_fields, flat, flat_dict,
+                                  flat_names, load_yaml, parse_ints)
 from memagent.errors import ConfigError, closest
 from memagent.policies import adapter_sha256
 from memagent.runfiles.resume import settings_hash
@@ -330,9 +331,10 @@ class EvalConfig:
         if not p.is_file():
             raise ConfigError(f"eval config {str(p)!r} not found")
         try:
-            data = yaml.load(p.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
-        except _DuplicateKey as e:
-            raise ConfigError(f"{p}: {e}") from None
+            data = load_yaml(p.read_text(encoding="utf-8"))
+        except DuplicateKeyError as e:
+            raise ConfigError(f"{p}: {e} (put every method under one methods: list, every task under one tasks: "
+                              "list)") from None
         except yaml.YAMLError as e:
             raise ConfigError(f"{p}: invalid YAML ({e})") from None
         return cls.from_dict(data, str(p), base=p.parent)
@@ -387,34 +389,6 @@ class EvalConfig:
             if model is not None:
                 parts.append({"model_sha256": model})
         return settings_hash(parts)
-
-
-class _DuplicateKey(yaml.YAMLError):
-    """A key given twice in one mapping of a grid file (its message names both lines)."""
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """``yaml.safe_load`` that refuses a key given twice in one mapping (PyYAML keeps the last silently, so a second
-    ``tasks:`` block dropped the first one's tasks, and a method's second ``chunk_tokens`` replaced its first). A key
-    merged in with ``<<: *anchor`` may still be set again beside it, as YAML intends."""
-
-    def construct_mapping(self, node, deep=False):
-        if isinstance(node, yaml.MappingNode):
-            seen: dict[Any, Any] = {}
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    first = seen.setdefault(key, key_node)
-                except TypeError:  # an unhashable key: the constructor below names it
-                    continue
-                if first is not key_node:
-                    raise _DuplicateKey(f"line {key_node.start_mark.line + 1}: the key {key!r} is given a second time "
-                                        f"(first at line {first.start_mark.line + 1}) in one mapping; YAML would keep "
-                                        "only the last, silently dropping the first: give it once (put every method "
-                                        "under one methods: list, every task under one tasks: list)")
-        return super().construct_mapping(node, deep=deep)
 
 
 def name_key(name: str) -> str:

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import yaml
 
 from memagent.agent.config import AgentConfig, sampling_defaults
-from memagent.configtypes import build_flat, check_sampling, flat, flat_dict, flat_names
+from memagent.configtypes import build_flat, check_sampling, flat, flat_dict, flat_names, load_yaml
 from memagent.errors import ConfigError, closest
 from memagent.rl.kl import KLType
 from memagent.rl.losses import AggMode
@@ -437,7 +437,7 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | tuple[str
             raise ConfigError(f"training config not found: {os.fspath(path)!r}")
         try:
             with open(path, encoding="utf-8") as f:
-                data = yaml.safe_load(f) or {}
+                data = load_yaml(f) or {}
         except yaml.YAMLError as e:
             raise ConfigError(f"bad YAML in {os.fspath(path)!r}: {e}") from e
         if not isinstance(data, dict):
