@@ -7,7 +7,6 @@ llama.cpp) happen inside the commands that need them.
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import warnings
 from pathlib import Path
@@ -33,27 +32,17 @@ AGENT, BACKEND = agent_group(), backend_group()
 def _open_backend(options, check_reachable: bool = True):
     """``(backend, tokenizer)`` from the backend options (raises ConfigError / UnknownNameError on bad ones); a
     server is checked to be reachable before anything runs."""
-    from memagent.tokenization import load_tokenizer
+    from memagent.tokenization import load_tokenizer, same_vocabulary
 
     refuse_unused_backend_options(options.backend)
     tok = load_tokenizer(options.tokenizer) if options.tokenizer else None
     b, tok = open_backend(options.settings(), tok, check_reachable=check_reachable)
     if options.tokenizer and options.backend in ("hf", "vllm", "llamacpp", "llamacpp-batch") \
-            and not _same_vocabulary(getattr(b, "tokenizer", None), tok):
+            and not same_vocabulary(getattr(b, "tokenizer", None), tok):
         typer.secho(f"warning: --tokenizer {options.tokenizer} is not the model's own tokenizer: chunks and memory are "
                     "counted in its tokens while the model's window counts the model's, so a chunk may not fit at run "
                     "time; leave --tokenizer out for an in-process model", fg="yellow", err=True)
     return b, tok
-
-
-def _same_vocabulary(own, given) -> bool:
-    """Whether ``--tokenizer`` is the in-process model's own (by name; every SmolLM2-135M-Instruct file shares one
-    vocabulary)."""
-    from memagent.embedded import is_smollm2_name
-
-    a, b = getattr(own, "name", None), getattr(given, "name", None)
-    return own is None or own is given or a == b or (isinstance(a, str) and isinstance(b, str)
-                                                     and is_smollm2_name(os.path.basename(a)) and is_smollm2_name(os.path.basename(b)))
 
 
 def _fail(e: Exception) -> None:
@@ -63,23 +52,15 @@ def _fail(e: Exception) -> None:
 
 def _read_document(document: str, allow_binary: bool = False):
     """The document from a file, stdin (``-``) or a pipe (``<(zcat doc.gz)``, read once as stdin is), in pieces as
-    the agent needs them (:mod:`memagent.data.sources`; decoded as :func:`memagent.data.io.read_document_text`
-    decodes)."""
-    from memagent.data.sources import FileText, StreamText
-    from memagent.errors import DataError
+    the agent needs them (:func:`memagent.data.sources.document_source`)."""
+    from memagent.data.sources import StreamText, document_source
 
     def warn(m: str) -> None:
         typer.secho(f"warning: {m}", fg="yellow", err=True)
 
     if document == "-":
         return StreamText(sys.stdin.buffer, "stdin", allow_binary, warn)
-    p = Path(document)
-    if p.exists() and not p.is_file() and not p.is_dir():  # a pipe or a device such as /dev/stdin
-        try:
-            return StreamText(open(p, "rb"), document, allow_binary, warn)  # noqa: SIM115 - read until the run ends
-        except OSError as e:
-            raise DataError(f"cannot read {document}: {e.strerror or e}") from None
-    return FileText(document, allow_binary, warn)
+    return document_source(Path(document), allow_binary, warn)
 
 
 def _run_settings(b, agent, lora_path: str | None = None) -> dict:
@@ -338,6 +319,7 @@ def demo(
     from memagent.agent.loop import MemoryAgent
     from memagent.chunking import chunk_text
     from memagent.data.hotpotqa import demo_sample
+    from memagent.eval.demo import gold_paragraph_chunks
     from memagent.verifiers import sub_em
 
     chunk_tokens, memory_tokens, seed = agent_config.chunk_tokens, agent_config.memory_tokens, agent_config.seed
@@ -346,7 +328,7 @@ def demo(
         agent = MemoryAgent(b, agent_config, tokenizer=tok)
         sample = demo_sample(data_root, agent.tokenizer, target_tokens=target_tokens, seed=seed, index=index)
         chunks = chunk_text(sample.context, agent.tokenizer, chunk_tokens)
-        gold_chunks = _chunks_holding(sample, chunks)
+        gold_chunks = gold_paragraph_chunks(sample, chunks)
         typer.secho(f"Question: {sample.question}", bold=True)
         typer.echo(f"Document: {sample.metadata.get('num_docs', '?')} paragraphs, {sample.metadata.get('length_tokens', '?')} tokens "
                    f"-> {len(chunks)} chunks of <= {chunk_tokens} tokens; model {b.name}")
@@ -405,7 +387,7 @@ def _demo_ruler(task, length, index, data_root, trace, agent_config, backend_opt
     from memagent.agent.loop import MemoryAgent
     from memagent.chunking import chunk_text
     from memagent.data.ruler import build_ruler_sample
-    from memagent.eval.demo import Column, evidence_chunks, side_by_side
+    from memagent.eval.demo import Column, column_trajectories, evidence_chunks, side_by_side
 
     from memagent.policies import base_model
 
@@ -437,24 +419,16 @@ def _demo_ruler(task, length, index, data_root, trace, agent_config, backend_opt
             columns.append(Column(label.split(":")[0], traj))
     except MemagentError as e:
         if trace and columns:  # the columns read so far are kept
-            _write_demo_trace(trace, _column_trajectories(columns))
+            _write_demo_trace(trace, column_trajectories(columns))
         _fail(e)
     except KeyboardInterrupt:  # Ctrl-C while the trained column reads: the untrained one is kept too
         if trace and columns:
-            _write_demo_trace(trace, _column_trajectories(columns))
+            _write_demo_trace(trace, column_trajectories(columns))
             typer.secho(f"interrupted: the {', '.join(c.label for c in columns)} column is in {trace}", err=True)
         raise
     side_by_side(columns, list(sample.answers), evidence_chunks(sample, chunks), echo=typer.echo)
     if trace:
-        _write_demo_trace(trace, _column_trajectories(columns))
-
-
-def _column_trajectories(columns) -> list:
-    """The demo's trajectories, each sample id suffixed with its column (``<id>@untrained``, ``<id>@trained``):
-    the two models read the same sample, and one id would make their turns one interleaved sample."""
-    import dataclasses
-
-    return [dataclasses.replace(c.trajectory, sample_id=f"{c.trajectory.sample_id}@{c.label}") for c in columns]
+        _write_demo_trace(trace, column_trajectories(columns))
 
 
 def _write_demo_trace(trace: Path, trajectories: list) -> None:
@@ -465,16 +439,6 @@ def _write_demo_trace(trace: Path, trajectories: list) -> None:
         write_trace(trace, trajectories)
     except OSError as e:
         _fail(MemagentError(f"cannot write --trace {trace}: {e.strerror}"))
-
-
-def _chunks_holding(sample, chunks) -> list[int]:
-    """0-based indices of the chunks in which the sample's gold paragraphs (``Document i:``) start."""
-    found = set()
-    for pos in sample.metadata.get("gold_positions") or []:
-        at = sample.context.find(f"Document {pos}:\n")
-        if at >= 0:
-            found.update(c.index for c in chunks if c.start_char <= at < c.end_char)
-    return sorted(found)
 
 
 # ---------------------------------------------------------------------------------------------- ls

@@ -338,6 +338,16 @@ def _aligned_lengths(data: bytes, pieces: Sequence[bytes], name: str) -> list[in
     return lengths
 
 
+def same_vocabulary(own: Tokenizer | None, given: Tokenizer | None) -> bool:
+    """Whether ``given`` (a ``--tokenizer``) is the in-process model's ``own`` tokenizer, by name (``own`` None:
+    nothing to compare); every SmolLM2-135M-Instruct file shares one vocabulary."""
+    from memagent.embedded import is_smollm2_name
+
+    a, b = getattr(own, "name", None), getattr(given, "name", None)
+    return own is None or own is given or a == b or (isinstance(a, str) and isinstance(b, str)
+                                                     and is_smollm2_name(os.path.basename(a)) and is_smollm2_name(os.path.basename(b)))
+
+
 def load_tokenizer(spec: str) -> Tokenizer:
     """Build a tokenizer from a string.
 

@@ -220,9 +220,8 @@ class MemoryAgent:
 
     # ------------------------------------------------------------------------------------------ loop
     def _prepare(self, sample: Sample) -> _State:
-        # a document of whitespace only is read as empty (no update call, as the reference, which strips the
-        # context): the memory could learn nothing from blank chunks, and the warnings say the answer rests on the
-        # question alone
+        # a document of whitespace only is read as empty: no update call (the reference strips the context), as the
+        # warnings say (the answer rests on the question alone)
         context = "" if isinstance(sample.context, str) and not sample.context.strip() else sample.context
         st = _State(sample, ChunkStream(context, self.tokenizer, self.config.chunk_tokens,
                                         self.config.max_context_tokens))
@@ -432,19 +431,13 @@ class MemoryAgent:
         workers = getattr(self.backend, "concurrency", None) or self.config.batch_size
         with cutter, ThreadPoolExecutor(max_workers=max(1, min(workers, len(samples)))) as pool:
             futures = [pool.submit(one, s) for s in samples]
-            out = []
-            try:
-                for f in futures:  # the first exception, in sample order, once every worker has stopped
-                    exc = f.exception()
-                    if exc is not None:
-                        raise exc
-                    out.append(f.result())
-            except BaseException:  # that exception, or Ctrl-C while waiting: no sample starts another call (the
-                stop.set()         # pool's exit waits only for the requests in flight, not for the queued samples)
+            try:  # the first exception in sample order, or Ctrl-C while waiting: no sample starts another call
+                return [f.result() for f in futures]  # (the pool's exit waits for the requests in flight only)
+            except BaseException:
+                stop.set()
                 for g in futures:
                     g.cancel()
                 raise
-            return out
 
     def _generate(self, requests: list[Request]) -> list[Completion]:
         t0 = time.perf_counter()

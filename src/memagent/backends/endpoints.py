@@ -10,13 +10,19 @@ When no endpoint is up, :meth:`EndpointPool.acquire` probes them all at once bef
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from memagent.errors import BackendError
+import httpx
+
+from memagent.errors import BackendError, ConfigError
+
+# The endpoints memagent appends to the API root (a base_url copied with one of them is refused).
+_ENDPOINT_PATH = re.compile(r"/(chat/completions|completions|models)$")
 
 #: Affinity keys remembered (least recently used forgotten first).
 AFFINITY_KEYS = 1 << 16
@@ -186,3 +192,30 @@ def describe_stats(stats: dict[str, dict[str, int | bool]]) -> str:
             notes.append("out of the rotation")
         parts.append(f"{url} {s['requests']}" + (f" ({', '.join(notes)})" if notes else ""))
     return "requests per server: " + ", ".join(parts)
+
+
+def check_base_url(url: object) -> None:
+    """Refuse a server URL that cannot be requested, before any request.
+
+    Raises:
+        ConfigError: ``url`` is not a string, lacks ``http://`` / ``https://``, has no host, holds whitespace,
+            has a port that is not a number in 1-65535, or ends with an endpoint (``/chat/completions``,
+            ``/completions``, ``/models``) instead of the API root (names the URL and the ``--base-url`` option).
+    """
+    fix = "give --base-url (base_url) as http://HOST:PORT/v1"
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise ConfigError(f"base_url {url!r} must start with http:// or https://; {fix}")
+    if url != url.strip() or any(c.isspace() for c in url):
+        raise ConfigError(f"base_url {url!r} holds whitespace; {fix}")
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as e:
+        raise ConfigError(f"base_url {url!r} is not a valid URL ({e}); {fix}") from None
+    if not parsed.host:
+        raise ConfigError(f"base_url {url!r} names no host; {fix}")
+    if parsed.port is not None and not 1 <= parsed.port <= 65535:
+        raise ConfigError(f"base_url {url!r}: port {parsed.port} is outside 1-65535; {fix}")
+    endpoint = _ENDPOINT_PATH.search(url.rstrip("/"))
+    if endpoint:  # the pre-flight cannot tell: GET .../chat/completions/models is a 404, as on a server without a listing
+        raise ConfigError(f"base_url {url!r} names an endpoint, not the API root: give --base-url "
+                          f"{url.rstrip('/')[:endpoint.start()]} (memagent adds /chat/completions and /models itself)")

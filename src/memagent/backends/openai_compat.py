@@ -38,7 +38,7 @@ import httpx
 import tenacity
 
 from memagent.backends.base import DEFAULT_CHAT_OVERHEAD_TOKENS, check_context_tokens, check_request
-from memagent.backends.endpoints import EndpointPool, EndpointsDown
+from memagent.backends.endpoints import EndpointPool, EndpointsDown, check_base_url
 from memagent.backends.keepalive import KeepAliveTransport
 from memagent.backends.openai_wire import (  # noqa: F401 - the wire format's public names, re-exported
     PROMPT_USAGE_SLACK_SHARE, PROMPT_USAGE_SLACK_TOKENS, build_payload, check_prompt_usage, error_from_http,
@@ -56,9 +56,6 @@ DEFAULT_CONCURRENCY = 256
 
 #: Transport failures that mean the endpoint is gone (not merely slow): it leaves the rotation.
 _GONE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
-
-# The endpoints memagent appends to the API root (a base_url copied with one of them is refused).
-_ENDPOINT_PATH = re.compile(r"/(chat/completions|completions|models)$")
 
 # Strings that chat templates use as control tokens (ChatML, Llama, Mistral, GPT-2 style end of text).
 _CONTROL_LIKE = re.compile(r"<\|[A-Za-z_][A-Za-z0-9_]{0,30}\|>|</?s>|\[/?INST\]")
@@ -99,33 +96,6 @@ def _api_key(env: str) -> str | None:
         raise ConfigError(f"${env} holds characters an HTTP header cannot carry (non-ASCII letters or control "
                           "characters such as a line break inside the key); check the key (it is not shown here)")
     return key
-
-
-def check_base_url(url: object) -> None:
-    """Refuse a server URL that cannot be requested, before any request.
-
-    Raises:
-        ConfigError: ``url`` is not a string, lacks ``http://`` / ``https://``, has no host, holds whitespace,
-            has a port that is not a number in 1-65535, or ends with an endpoint (``/chat/completions``,
-            ``/completions``, ``/models``) instead of the API root (names the URL and the ``--base-url`` option).
-    """
-    fix = "give --base-url (base_url) as http://HOST:PORT/v1"
-    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        raise ConfigError(f"base_url {url!r} must start with http:// or https://; {fix}")
-    if url != url.strip() or any(c.isspace() for c in url):
-        raise ConfigError(f"base_url {url!r} holds whitespace; {fix}")
-    try:
-        parsed = httpx.URL(url)
-    except httpx.InvalidURL as e:
-        raise ConfigError(f"base_url {url!r} is not a valid URL ({e}); {fix}") from None
-    if not parsed.host:
-        raise ConfigError(f"base_url {url!r} names no host; {fix}")
-    if parsed.port is not None and not 1 <= parsed.port <= 65535:
-        raise ConfigError(f"base_url {url!r}: port {parsed.port} is outside 1-65535; {fix}")
-    endpoint = _ENDPOINT_PATH.search(url.rstrip("/"))
-    if endpoint:  # the pre-flight cannot tell: GET .../chat/completions/models is a 404, as on a server without a listing
-        raise ConfigError(f"base_url {url!r} names an endpoint, not the API root: give --base-url "
-                          f"{url.rstrip('/')[:endpoint.start()]} (memagent adds /chat/completions and /models itself)")
 
 
 class OpenAIBackend:

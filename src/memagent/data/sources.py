@@ -181,7 +181,8 @@ def document_source(document: Any, allow_binary: bool = False, warn: Callable[[s
     """What the agent reads, from what the Python API takes as a document.
 
     Args:
-        document: a string (returned as is); a path (``os.PathLike``; a ``str`` is text, not a path); a binary
+        document: a string (returned as is); a path (``os.PathLike``; a ``str`` is text, not a path; a named pipe
+            such as ``<(zcat doc.gz)`` or a device such as ``/dev/stdin`` is read once, as a stream); a binary
             file object (decoded by the rules above) or a text one (``open(path)``, ``io.StringIO``, read as it
             is); an iterable of strings (not a mapping or a set); or a :class:`memagent.chunking.TextSource`
             (returned as is).
@@ -199,6 +200,12 @@ def document_source(document: Any, allow_binary: bool = False, warn: Callable[[s
     if isinstance(document, str) or isinstance(document, TextSource):
         return document
     if isinstance(document, os.PathLike):
+        path = os.fspath(document)
+        if os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):  # a pipe, /dev/stdin
+            try:  # read once, in pieces, as stdin is
+                return StreamText(open(path, "rb"), path, allow_binary, warn)  # noqa: SIM115 - read until the run ends
+            except OSError as e:
+                raise DataError(f"cannot read {path}: {e.strerror or e}") from None
         return FileText(document, allow_binary, warn)
     if isinstance(document, (bytes, bytearray)):
         from memagent.data.io import read_document_text

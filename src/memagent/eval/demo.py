@@ -8,6 +8,7 @@ memory is checked for the gold value (the capture test of :mod:`memagent.eval.di
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -38,6 +39,24 @@ def evidence_chunks(sample: Sample, chunks: Sequence[Any]) -> list[int]:
         if at is not None:
             found.update(c.index for c in chunks if c.start_char <= at < c.end_char)
     return sorted(found)
+
+
+def gold_paragraph_chunks(sample: Sample, chunks: Sequence[Any]) -> list[int]:
+    """0-based indices of the chunks in which the sample's gold paragraphs (``Document i:`` with i in
+    ``metadata.gold_positions``, as the RULER-HotpotQA builder records them) start; ``[]`` without them."""
+    found = set()
+    for pos in sample.metadata.get("gold_positions") or []:
+        at = sample.context.find(f"Document {pos}:\n")
+        if at >= 0:
+            found.update(c.index for c in chunks if c.start_char <= at < c.end_char)
+    return sorted(found)
+
+
+def column_trajectories(columns: Sequence[Column]) -> list[Trajectory]:
+    """The columns' trajectories, each sample id suffixed with its column's label (``<id>@untrained``,
+    ``<id>@trained``): both models read the same sample, and one id would make their turns one interleaved
+    sample in a trace."""
+    return [dataclasses.replace(c.trajectory, sample_id=f"{c.trajectory.sample_id}@{c.label}") for c in columns]
 
 
 def _cell(text: str, width: int) -> list[str]:

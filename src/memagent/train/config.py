@@ -319,12 +319,18 @@ class TrainConfig:
         self._check_reward()
         self._check_speed_levers()
         self._check_resume_changes()
+        self._warn_settings()
+
+    def _warn_settings(self) -> None:
+        """Warn about settings that run but defeat their purpose (updates rounded away, a KL term with no pull, a
+        clipped ratio from dropout noise) or take far longer than meant (huge validation documents)."""
+        o, r, rl, loss = self.optim, self.run, self.rl, self.rl.loss
         if self.model.dtype == "bfloat16" and o.lr < 1e-4 and not self.model.lora.enabled:  # LoRA: fp32 adapters
             # AdamW moves each weight by about lr per step; bfloat16 keeps 8 significant bits, so a weight of
             # magnitude w only changes when lr exceeds ~w/512: at lr 1e-5 typical weights (~0.01-0.1) never move.
             warnings.warn(
                 f"model.dtype=bfloat16 with optim.lr={o.lr:g}: bfloat16 parameters round away AdamW updates this "
-                "small (the policy barely changes); train with model.dtype=float32", stacklevel=2)
+                "small (the policy barely changes); train with model.dtype=float32", stacklevel=3)
         words = self.data.synthetic_context_words * max(self.data.val_context_multipliers)
         if r.val_every and self.data.synthetic and not self.data.val_path and words > SYNTHETIC_VAL_WORDS_WARN:
             warnings.warn(
@@ -332,17 +338,16 @@ class TrainConfig:
                 f"validation documents are {words:,} words each ({self.data.synthetic_context_words} x "
                 f"{max(self.data.val_context_multipliers)}), built in memory and read chunk by chunk at every "
                 f"validation, which then dominates the run's time; use multipliers up to "
-                f"{SYNTHETIC_VAL_WORDS_WARN // self.data.synthetic_context_words:,} here", stacklevel=2)
+                f"{SYNTHETIC_VAL_WORDS_WARN // self.data.synthetic_context_words:,} here", stacklevel=3)
         if loss.kl_type == "k1" and loss.kl_coef > 0:  # memagent.rl.kl: k1's expected gradient is 0
             warnings.warn("rl.kl_type=k1 with rl.kl_coef > 0: as a loss term k1's expected gradient is 0, so it adds "
                           "noise and no pull towards the reference model; use k3 (the reference's) or k2",
-                          stacklevel=2)
+                          stacklevel=3)
         if self.model.lora.enabled and self.model.lora.dropout > 0 and rl.mini_batches > 1:
             warnings.warn(f"model.lora.dropout={self.model.lora.dropout:g} with rl.mini_batches={rl.mini_batches}: the "
                           "old policy's log-probabilities are taken without dropout and the update's with it, so the "
                           "ratio differs from 1 by dropout noise alone and the clip fires on it; use dropout 0 (the "
-                          "presets') or one mini-batch", stacklevel=2)
-
+                          "presets') or one mini-batch", stacklevel=3)
 
     def _check_resume_changes(self) -> None:
         """``run.resume_changes`` must name settings of this config (dotted keys), checked when it loads."""
