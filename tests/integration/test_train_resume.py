@@ -347,3 +347,17 @@ def test_a_run_stopped_in_its_first_step_leaves_no_config_json(tmp_path, monkeyp
     with pytest.raises(KeyboardInterrupt):
         again.fit()
     assert json.loads((tmp_path / "done" / "config.json").read_text())["run"]["total_steps"] == 2 == done.cfg.run.total_steps
+
+
+def test_a_resume_already_past_stop_after_step_checkpoints_the_step_it_stops_after(tmp_path):
+    # the same command run twice: the second resumes at step 1 and stops after step 2; step 2 was logged but not
+    # checkpointed (save_every=0), so every rerun threw it away and trained it again
+    out = tmp_path / "run"
+    _run(out, "run.total_steps=3", "run.save_every=0", "run.stop_after_step=1")
+    second = _run(out, "run.total_steps=3", "run.save_every=0", "run.stop_after_step=1")
+    assert second.step == 2
+    assert sorted(os.listdir(out / "checkpoints")) == ["step_000001.pt", "step_000002.pt"]
+    again = Trainer(_cfg(out, "run.total_steps=3", "run.save_every=0"), train_samples=TRAIN, val_samples=VAL)
+    assert again.step == 2
+    again.close()
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
