@@ -105,6 +105,25 @@ def test_settings_that_defeat_the_kl_term_or_the_ratio_warn():
                            "rl.mini_batches=1"])
 
 
+def test_single_trajectory_groups_under_the_zero_rule_warn():
+    """rl.singleton=zero gives a group of one advantage 0; with rl.group_size=1 every group is one, so no step of the
+    run has a policy gradient (it loaded silently)."""
+    import warnings
+
+    import torch
+
+    from memagent.rl.advantages import group_advantages
+
+    adv, _ = group_advantages(torch.tensor([1.0, 0.0, 1.0]), torch.tensor([0, 1, 2]), singleton="zero")
+    assert adv.tolist() == [0.0, 0.0, 0.0]
+    with pytest.warns(UserWarning, match=r"rl.group_size=1 with rl.singleton=zero: .* no step has a policy gradient"):
+        load_config(None, ["rl.group_size=1", "rl.singleton=zero", "rl.mini_batches=1"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_config(None, ["rl.group_size=1", "rl.mini_batches=1"])  # the reference's rule: advantage = reward
+        load_config(None, ["rl.group_size=2", "rl.singleton=zero"])
+
+
 def test_huge_validation_multipliers_warn():
     """120 words x 100000 = 12M-word documents per validation question: warned (the threshold is 1M words);
     120 x 8000 = 960,000 words is not, nor any size when validation is off."""

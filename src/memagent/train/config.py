@@ -337,6 +337,11 @@ class TrainConfig:
             warnings.warn("rl.kl_type=k1 with rl.kl_coef > 0: as a loss term k1's expected gradient is 0, so it adds "
                           "noise and no pull towards the reference model; use k3 (the reference's) or k2",
                           stacklevel=2)
+        if rl.group_size == 1 and rl.singleton == "zero":
+            warnings.warn("rl.group_size=1 with rl.singleton=zero: every group is a single trajectory, whose advantage "
+                          "this rule sets to 0, so no step has a policy gradient (only the KL and entropy terms "
+                          "train); use rl.group_size >= 2, or rl.singleton=reward (advantage = raw reward)",
+                          stacklevel=2)
         if self.model.lora.enabled and self.model.lora.dropout > 0 and rl.mini_batches > 1:
             warnings.warn(f"model.lora.dropout={self.model.lora.dropout:g} with rl.mini_batches={rl.mini_batches}: the "
                           "old policy's log-probabilities are taken without dropout and the update's with it, so the "
