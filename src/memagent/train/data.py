@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -100,16 +101,22 @@ def step_samples(samples: list, cfg: TrainConfig, position: int, rank: int, worl
     Questions are taken in data order (reshuffled per epoch when ``data.shuffle``); process ``r`` of ``W``
     takes the ``r``-th contiguous block of ``prompts_per_step / W``. ``position`` is ``step x prompts_per_step``
     unless a resumed run changed ``rl.prompts_per_step``: then it continues from the checkpoint's
-    ``data_position``, so no question is drawn twice in one epoch.
+    ``data_position``, so no question is drawn twice in one epoch. With ``data.shuffle`` a step that crosses an
+    epoch boundary can meet a question of the previous epoch's tail again at the head of the next: that copy
+    gets the id ``"{id}@epoch{E}"`` (its own group and sampling seeds; the rollouts refuse duplicate ids).
     """
     n, per = len(samples), cfg.rl.prompts_per_step
     local = per // world_size
     first = position + rank * local
-    out = []
+    out, ids = [], set()
     for g in range(first, first + local):
         epoch, pos = divmod(g, n)
         order = list(range(n))
         if cfg.data.shuffle:
             random.Random(f"{cfg.run.seed}/epoch{epoch}").shuffle(order)
-        out.append(samples[order[pos]])
+        s = samples[order[pos]]
+        if s.id in ids:  # a step across an epoch boundary met a question again (reshuffled): its own group, own id
+            s = dataclasses.replace(s, id=f"{s.id}@epoch{epoch}")
+        ids.add(s.id)
+        out.append(s)
     return out, first
