@@ -163,6 +163,31 @@ def test_validation_off_reads_no_validation_file(tmp_path):
         val_data(load_config("configs/train_cpu_small.yaml", [*val_file, "run.val_every=5"]))
 
 
+def test_a_missing_training_file_is_named_with_where_it_was_looked_for(tmp_path, monkeypatch):
+    """Without a data root the error spoke only of that ("no data root found: pass --data-root DIR", a flag memagent
+    train lacks), not of data.train_path nor the file."""
+    from memagent.data import paths
+    from memagent.errors import DataError
+    from memagent.train.data import train_data
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MEMAGENT_DATA", raising=False)
+    monkeypatch.setattr(paths, "_repo_default", lambda: tmp_path / "no-shared-data")
+    cfg = load_config(None, ["data.train_path=typo.jsonl"])
+    with pytest.raises(DataError) as e:
+        train_data(cfg)
+    assert str(e.value) == (f"data.train_path 'typo.jsonl' not found (working directory {str(tmp_path)!r}); a relative "
+                            "path is also looked for under the data root, and none was found ($MEMAGENT_DATA)")
+    root = tmp_path / "root"
+    root.mkdir()
+    monkeypatch.setenv("MEMAGENT_DATA", str(root))
+    with pytest.raises(DataError, match=r"data.train_path 'typo.jsonl' not found \(working directory .*\), nor under "
+                                        r"the data root '.*root'"):
+        train_data(cfg)
+    (root / "typo.jsonl").write_text('{"id": "a", "question": "q?", "context": "doc", "answers": ["x"]}\n')
+    assert [s.id for s in train_data(cfg)] == ["a"]
+
+
 def test_docs_list_every_option_with_its_default():
     # docs/training.md's "Every option" table: every key once, with the dataclass default
     import dataclasses

@@ -36,12 +36,24 @@ def check_gold(samples, where: str) -> None:
                         "them: add answers or drop those samples")
 
 
-def _resolve(path: str) -> str:
+def _resolve(path: str, key: str) -> str:
+    """``path`` as given, else under the data root; the error names the setting and where it looked (without a
+    data root it spoke only of that, with ``--data-root``, a flag ``memagent train`` does not have)."""
     if os.path.exists(path):
         return path
-    from memagent.data.paths import data_file
+    from memagent.data.paths import ENV_VAR, data_root
 
-    return os.fspath(data_file(path))
+    here = f"{key} {path!r} not found (working directory {os.getcwd()!r})"
+    if os.path.isabs(path):
+        raise DataError(here)
+    try:
+        root = data_root()
+    except DataError:
+        raise DataError(f"{here}; a relative path is also looked for under the data root, and none was found "
+                        f"(${ENV_VAR})") from None
+    if not (root / path).exists():
+        raise DataError(f"{here}, nor under the data root {str(root)!r}")
+    return os.fspath(root / path)
 
 
 def train_data(cfg: TrainConfig) -> list:
@@ -54,7 +66,7 @@ def train_data(cfg: TrainConfig) -> list:
     if d.train_path:
         from memagent.data.io import read_samples
 
-        samples = read_samples(_resolve(d.train_path))
+        samples = read_samples(_resolve(d.train_path, "data.train_path"))
         if not samples:
             raise DataError(f"data.train_path {d.train_path} holds no samples")
         return samples
@@ -76,7 +88,7 @@ def val_data(cfg: TrainConfig) -> dict[int, list]:
     if d.val_path:
         from memagent.data.io import read_samples
 
-        samples = read_samples(_resolve(d.val_path), limit=d.val_size)
+        samples = read_samples(_resolve(d.val_path, "data.val_path"), limit=d.val_size)
         if not samples:
             raise DataError(f"data.val_path {d.val_path} holds no samples")
         return {1: samples}
