@@ -347,3 +347,33 @@ def test_a_run_stopped_in_its_first_step_leaves_no_config_json(tmp_path, monkeyp
     with pytest.raises(KeyboardInterrupt):
         again.fit()
     assert json.loads((tmp_path / "done" / "config.json").read_text())["run"]["total_steps"] == 2 == done.cfg.run.total_steps
+
+
+def test_a_resume_already_past_stop_after_step_checkpoints_the_step_it_stops_after(tmp_path):
+    # the same command run twice: the second resumes at step 1 and stops after step 2; step 2 was logged but not
+    # checkpointed (save_every=0), so every rerun threw it away and trained it again
+    out = tmp_path / "run"
+    _run(out, "run.total_steps=3", "run.save_every=0", "run.stop_after_step=1")
+    second = _run(out, "run.total_steps=3", "run.save_every=0", "run.stop_after_step=1")
+    assert second.step == 2
+    assert sorted(os.listdir(out / "checkpoints")) == ["step_000001.pt", "step_000002.pt"]
+    again = Trainer(_cfg(out, "run.total_steps=3", "run.save_every=0"), train_samples=TRAIN, val_samples=VAL)
+    assert again.step == 2
+    again.close()
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+
+def test_a_shuffled_step_across_an_epoch_boundary_may_meet_a_question_again(tmp_path):
+    # 3 questions, 2 per step, reshuffled every epoch: step 2 takes epoch 0's last question and epoch 1's first,
+    # which with seed 0 is the same question; the rollouts refused it ("sample id 't-2#g0' appears more than once")
+    from memagent.train.data import step_samples
+
+    three = TRAIN[:3]
+    cfg = _cfg(tmp_path, "data.shuffle=true", "run.seed=0")
+    taken = [[s.id for s in step_samples(three, cfg, p, 0, 1)[0]] for p in (0, 2, 4)]
+    assert taken == [["t-0", "t-1"], ["t-2", "t-2@epoch1"], ["t-1", "t-0"]]
+    assert sorted(taken[0] + taken[1][:1]) == ["t-0", "t-1", "t-2"]  # each question once per epoch
+    t = Trainer(cfg, train_samples=three, val_samples=VAL, reward_fn=parity_reward)
+    t.fit()
+    assert t.step == 2
+    assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2]

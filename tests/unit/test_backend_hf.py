@@ -229,3 +229,33 @@ def test_a_window_beyond_the_models_positions_is_warned_about(tiny):
     model, tok = tiny
     with pytest.warns(UserWarning, match=r"a window of 100000 tokens \(--n-ctx\) is larger than the model's 4096 positions"):
         HFBackend(model, tok, context_tokens=100000)
+
+
+def test_requests_of_other_max_tokens_are_not_run_to_the_largest(tiny):
+    # the agent batches memory updates (memory_tokens) with final answers (final_tokens); one generate call ran
+    # every row to the largest max_tokens: on a model of learned positions both requests failed with an
+    # IndexError although each fitted the window, and on any model the updates ran on to the final's budget
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    _, tok = tiny
+    cfg = GPT2Config(vocab_size=len(tok), n_positions=64, n_embd=32, n_layer=2, n_head=4, eos_token_id=tok.eos_token_id,
+                     pad_token_id=tok.pad_token_id, bos_token_id=None)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        gpt2 = GPT2LMHeadModel(cfg)
+    backend = HFBackend(gpt2, tok, max_batch_size=8)
+    update = Request((Message("user", "hello there " * 6),), 4, 0.0, 1.0, None, "update")
+    final = Request((Message("user", "hi"),), 40, 0.0, 1.0, None, "final")
+    assert len(backend.prompt_ids(update.messages)) + 4 <= 64 and len(backend.prompt_ids(final.messages)) + 40 <= 64
+    calls = []
+    run = gpt2.generate
+    gpt2.generate = lambda **k: calls.append(k["generation_config"].max_new_tokens) or run(**k)
+    try:
+        both = backend.generate([update, final])
+        assert sorted(calls) == [4, 40]
+        alone = [backend.generate([r])[0] for r in (update, final)]
+    finally:
+        del gpt2.generate
+    assert [c.error for c in both] == [None, None]
+    assert [c.token_ids for c in both] == [c.token_ids for c in alone]
+    assert len(both[0].token_ids) <= 4 and len(both[1].token_ids) <= 40

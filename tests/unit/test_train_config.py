@@ -115,6 +115,25 @@ def test_a_key_given_twice_in_a_training_config_is_refused_naming_both_lines(tmp
         load_config(str(cfg))  # the override itself is allowed; only the stray 'base' section is refused
 
 
+def test_single_trajectory_groups_under_the_zero_rule_warn():
+    """rl.singleton=zero gives a group of one advantage 0; with rl.group_size=1 every group is one, so no step of the
+    run has a policy gradient (it loaded silently)."""
+    import warnings
+
+    import torch
+
+    from memagent.rl.advantages import group_advantages
+
+    adv, _ = group_advantages(torch.tensor([1.0, 0.0, 1.0]), torch.tensor([0, 1, 2]), singleton="zero")
+    assert adv.tolist() == [0.0, 0.0, 0.0]
+    with pytest.warns(UserWarning, match=r"rl.group_size=1 with rl.singleton=zero: .* no step has a policy gradient"):
+        load_config(None, ["rl.group_size=1", "rl.singleton=zero", "rl.mini_batches=1"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_config(None, ["rl.group_size=1", "rl.mini_batches=1"])  # the reference's rule: advantage = reward
+        load_config(None, ["rl.group_size=2", "rl.singleton=zero"])
+
+
 def test_huge_validation_multipliers_warn():
     """120 words x 100000 = 12M-word documents per validation question: warned (the threshold is 1M words);
     120 x 8000 = 960,000 words is not, nor any size when validation is off."""
@@ -152,6 +171,31 @@ def test_validation_off_reads_no_validation_file(tmp_path):
     assert val_data(load_config("configs/train_cpu_small.yaml", [val_file[0], "run.val_every=0"])) == {}
     with pytest.raises(DataError, match="absent_val.jsonl' not found"):
         val_data(load_config("configs/train_cpu_small.yaml", [*val_file, "run.val_every=5"]))
+
+
+def test_a_missing_training_file_is_named_with_where_it_was_looked_for(tmp_path, monkeypatch):
+    """Without a data root the error spoke only of that ("no data root found: pass --data-root DIR", a flag memagent
+    train lacks), not of data.train_path nor the file."""
+    from memagent.data import paths
+    from memagent.errors import DataError
+    from memagent.train.data import train_data
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MEMAGENT_DATA", raising=False)
+    monkeypatch.setattr(paths, "_repo_default", lambda: tmp_path / "no-shared-data")
+    cfg = load_config(None, ["data.train_path=typo.jsonl"])
+    with pytest.raises(DataError) as e:
+        train_data(cfg)
+    assert str(e.value) == (f"data.train_path 'typo.jsonl' not found (working directory {str(tmp_path)!r}); a relative "
+                            "path is also looked for under the data root, and none was found ($MEMAGENT_DATA)")
+    root = tmp_path / "root"
+    root.mkdir()
+    monkeypatch.setenv("MEMAGENT_DATA", str(root))
+    with pytest.raises(DataError, match=r"data.train_path 'typo.jsonl' not found \(working directory .*\), nor under "
+                                        r"the data root '.*root'"):
+        train_data(cfg)
+    (root / "typo.jsonl").write_text('{"id": "a", "question": "q?", "context": "doc", "answers": ["x"]}\n')
+    assert [s.id for s in train_data(cfg)] == ["a"]
 
 
 def test_docs_list_every_option_with_its_default():

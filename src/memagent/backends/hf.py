@@ -292,9 +292,13 @@ class HFBackend(ChatTokens):
             if err is not None:
                 out[i] = err
                 continue
-            key = (float(r.temperature), float(r.top_p) if r.temperature > 0 else 1.0, tuple(sorted(options[i].items())))
+            # one generate call runs every row to the call's max_new_tokens: requests of another max_tokens (the
+            # agent's memory updates beside final answers) go in another call, or a row would run past its own
+            # budget, wasting compute and, on a model of learned positions (GPT-2), past the window (IndexError)
+            key = (float(r.temperature), float(r.top_p) if r.temperature > 0 else 1.0, int(r.max_tokens),
+                   tuple(sorted(options[i].items())))
             todo.setdefault(key, []).append((i, ids))
-        for (temperature, top_p, extra), items in todo.items():
+        for (temperature, top_p, _, extra), items in todo.items():
             for s in range(0, len(items), self.max_batch_size):
                 part = items[s : s + self.max_batch_size]
                 reqs = [requests[i] for i, _ in part]

@@ -323,7 +323,8 @@ class TrainConfig:
 
     def _warn_settings(self) -> None:
         """Warn about settings that run but defeat their purpose (updates rounded away, a KL term with no pull, a
-        clipped ratio from dropout noise) or take far longer than meant (huge validation documents)."""
+        clipped ratio from dropout noise, no policy gradient at all) or take far longer than meant (huge validation
+        documents)."""
         o, r, rl, loss = self.optim, self.run, self.rl, self.rl.loss
         if self.model.dtype == "bfloat16" and o.lr < 1e-4 and not self.model.lora.enabled:  # LoRA: fp32 adapters
             # AdamW moves each weight by about lr per step; bfloat16 keeps 8 significant bits, so a weight of
@@ -342,6 +343,11 @@ class TrainConfig:
         if loss.kl_type == "k1" and loss.kl_coef > 0:  # memagent.rl.kl: k1's expected gradient is 0
             warnings.warn("rl.kl_type=k1 with rl.kl_coef > 0: as a loss term k1's expected gradient is 0, so it adds "
                           "noise and no pull towards the reference model; use k3 (the reference's) or k2",
+                          stacklevel=3)
+        if rl.group_size == 1 and rl.singleton == "zero":
+            warnings.warn("rl.group_size=1 with rl.singleton=zero: every group is a single trajectory, whose advantage "
+                          "this rule sets to 0, so no step has a policy gradient (only the KL and entropy terms "
+                          "train); use rl.group_size >= 2, or rl.singleton=reward (advantage = raw reward)",
                           stacklevel=3)
         if self.model.lora.enabled and self.model.lora.dropout > 0 and rl.mini_batches > 1:
             warnings.warn(f"model.lora.dropout={self.model.lora.dropout:g} with rl.mini_batches={rl.mini_batches}: the "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -35,12 +36,24 @@ def check_gold(samples, where: str) -> None:
                         "them: add answers or drop those samples")
 
 
-def _resolve(path: str) -> str:
+def _resolve(path: str, key: str) -> str:
+    """``path`` as given, else under the data root; the error names the setting and where it looked (without a
+    data root it spoke only of that, with ``--data-root``, a flag ``memagent train`` does not have)."""
     if os.path.exists(path):
         return path
-    from memagent.data.paths import data_file
+    from memagent.data.paths import ENV_VAR, data_root
 
-    return os.fspath(data_file(path))
+    here = f"{key} {path!r} not found (working directory {os.getcwd()!r})"
+    if os.path.isabs(path):
+        raise DataError(here)
+    try:
+        root = data_root()
+    except DataError:
+        raise DataError(f"{here}; a relative path is also looked for under the data root, and none was found "
+                        f"(${ENV_VAR})") from None
+    if not (root / path).exists():
+        raise DataError(f"{here}, nor under the data root {str(root)!r}")
+    return os.fspath(root / path)
 
 
 def train_data(cfg: TrainConfig) -> list:
@@ -53,7 +66,7 @@ def train_data(cfg: TrainConfig) -> list:
     if d.train_path:
         from memagent.data.io import read_samples
 
-        samples = read_samples(_resolve(d.train_path))
+        samples = read_samples(_resolve(d.train_path, "data.train_path"))
         if not samples:
             raise DataError(f"data.train_path {d.train_path} holds no samples")
         return samples
@@ -75,7 +88,7 @@ def val_data(cfg: TrainConfig) -> dict[int, list]:
     if d.val_path:
         from memagent.data.io import read_samples
 
-        samples = read_samples(_resolve(d.val_path), limit=d.val_size)
+        samples = read_samples(_resolve(d.val_path, "data.val_path"), limit=d.val_size)
         if not samples:
             raise DataError(f"data.val_path {d.val_path} holds no samples")
         return {1: samples}
@@ -100,16 +113,22 @@ def step_samples(samples: list, cfg: TrainConfig, position: int, rank: int, worl
     Questions are taken in data order (reshuffled per epoch when ``data.shuffle``); process ``r`` of ``W``
     takes the ``r``-th contiguous block of ``prompts_per_step / W``. ``position`` is ``step x prompts_per_step``
     unless a resumed run changed ``rl.prompts_per_step``: then it continues from the checkpoint's
-    ``data_position``, so no question is drawn twice in one epoch.
+    ``data_position``, so no question is drawn twice in one epoch. With ``data.shuffle`` a step that crosses an
+    epoch boundary can meet a question of the previous epoch's tail again at the head of the next: that copy
+    gets the id ``"{id}@epoch{E}"`` (its own group and sampling seeds; the rollouts refuse duplicate ids).
     """
     n, per = len(samples), cfg.rl.prompts_per_step
     local = per // world_size
     first = position + rank * local
-    out = []
+    out, ids = [], set()
     for g in range(first, first + local):
         epoch, pos = divmod(g, n)
         order = list(range(n))
         if cfg.data.shuffle:
             random.Random(f"{cfg.run.seed}/epoch{epoch}").shuffle(order)
-        out.append(samples[order[pos]])
+        s = samples[order[pos]]
+        if s.id in ids:  # a step across an epoch boundary met a question again (reshuffled): its own group, own id
+            s = dataclasses.replace(s, id=f"{s.id}@epoch{epoch}")
+        ids.add(s.id)
+        out.append(s)
     return out, first

@@ -480,9 +480,12 @@ class Trainer:
                     last.update(self.validate())
                 barrier()  # other ranks wait here, not inside the next step's collectives
             self.log(last)
-            if (r.save_every and self.step % r.save_every == 0) or self.step == r.total_steps or self.step == r.stop_after_step:
+            # a resume already past run.stop_after_step stops after its first step: that step is checkpointed too
+            # (else it was logged, thrown away and redone by every rerun of the same command)
+            stop = r.stop_after_step is not None and self.step >= r.stop_after_step
+            if (r.save_every and self.step % r.save_every == 0) or self.step == r.total_steps or stop:
                 self.save_checkpoint()
-            if r.stop_after_step is not None and self.step >= r.stop_after_step:
+            if stop:
                 break
         model_dir = os.path.join(self.out_dir, "adapter" if self.cfg.model.lora.enabled else "policy")
         if self.step >= r.total_steps and self.dist.is_main and (self.step > start or policy_step(model_dir) != self.step):
