@@ -345,7 +345,9 @@ class HFBackend(ChatTokens):
         self.model.eval()
         self.model.generation_config = GenerationConfig()
         try:
-            with torch.random.fork_rng(devices=[]), torch.no_grad():
+            # torch.manual_seed seeds every CUDA device too: fork (and so restore) their generators as well
+            cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+            with torch.random.fork_rng(devices=cuda), torch.no_grad():
                 torch.manual_seed(self._batch_seed(requests))
                 gen = self.model.generate(
                     input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=cfg
