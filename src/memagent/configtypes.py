@@ -309,8 +309,13 @@ class UniqueKeyLoader(yaml.SafeLoader):
         DuplicateKeyError: naming the key and the lines of both.
     """
 
-    def construct_mapping(self, node, deep=False):
-        if isinstance(node, yaml.MappingNode):
+    def flatten_mapping(self, node):
+        # Checked here, once per node, before PyYAML merges a ``<<`` source's pairs into the node's own (in place):
+        # a mapping that is itself merged elsewhere may be flattened before it is constructed, and its merged pairs
+        # beside its own override then read as a key given twice (a chain of merges was refused).
+        checked = self.__dict__.setdefault("_unique_checked", set())
+        if id(node) not in checked:
+            checked.add(id(node))
             seen: dict[Any, Any] = {}
             for key_node, _ in node.value:
                 if key_node.tag == "tag:yaml.org,2002:merge":
@@ -318,14 +323,14 @@ class UniqueKeyLoader(yaml.SafeLoader):
                 key = self.construct_object(key_node, deep=True)
                 try:
                     first = seen.setdefault(key, key_node)
-                except TypeError:  # an unhashable key: the constructor below names it
+                except TypeError:  # an unhashable key: the constructor names it
                     continue
                 if first is not key_node:
                     raise DuplicateKeyError(
                         f"line {key_node.start_mark.line + 1}: the key {key!r} is given a second time (first at "
                         f"line {first.start_mark.line + 1}) in one mapping; YAML would keep only the last, silently "
                         "dropping the first: give it once")
-        return super().construct_mapping(node, deep=deep)
+        super().flatten_mapping(node)
 
 
 def load_yaml(stream: Any) -> Any:

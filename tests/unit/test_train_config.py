@@ -115,6 +115,19 @@ def test_a_key_given_twice_in_a_training_config_is_refused_naming_both_lines(tmp
         load_config(str(cfg))  # the override itself is allowed; only the stray 'base' section is refused
 
 
+def test_a_chain_of_merges_is_not_read_as_a_key_given_twice(tmp_path):
+    """A mapping that merges an anchor and overrides one of its keys, itself merged by a mapping PyYAML builds first:
+    the merge flattened the middle mapping in place before its own check, so its override read as a repeated key."""
+    from memagent.configtypes import DuplicateKeyError, load_yaml
+
+    text = ("common: &c\n  lr: 1.0e-5\nnested:\n  mid: &m\n    <<: *c\n    lr: 1.0e-4\n"
+            "optim:\n  <<: *m\n  warmup_steps: 2\n")
+    data = load_yaml(text)
+    assert data["nested"]["mid"] == {"lr": 1.0e-4} and data["optim"] == {"lr": 1.0e-4, "warmup_steps": 2}
+    with pytest.raises(DuplicateKeyError, match=r"line 7: the key 'lr' is given a second time \(first at line 6\)"):
+        load_yaml(text.replace("    lr: 1.0e-4\n", "    lr: 1.0e-4\n    lr: 2.0e-4\n"))  # still refused
+
+
 def test_single_trajectory_groups_under_the_zero_rule_warn():
     """rl.singleton=zero gives a group of one advantage 0; with rl.group_size=1 every group is one, so no step of the
     run has a policy gradient (it loaded silently)."""
