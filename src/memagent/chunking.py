@@ -217,7 +217,8 @@ class TextSource(Protocol):
     """A document read in pieces (a file, a stream, an iterator of text; see :mod:`memagent.data.io`).
 
     ``pieces()`` yields the text from its start in pieces of any size; it is called once. ``name`` names
-    the source in messages.
+    the source in messages. A source that knows it holds whitespace only (a short file or stream) may say so with
+    an attribute ``blank = True``: the agent then reads it as empty, as it does a blank string.
     """
 
     name: str

@@ -221,8 +221,10 @@ class MemoryAgent:
     # ------------------------------------------------------------------------------------------ loop
     def _prepare(self, sample: Sample) -> _State:
         # a document of whitespace only is read as empty: no update call (the reference strips the context), as the
-        # warnings say (the answer rests on the question alone)
-        context = "" if isinstance(sample.context, str) and not sample.context.strip() else sample.context
+        # warnings say (the answer rests on the question alone); a file or stream says so by its ``blank``
+        ctx = sample.context
+        blank = not ctx.strip() if isinstance(ctx, str) else getattr(ctx, "blank", False) is True
+        context = "" if blank else ctx
         st = _State(sample, ChunkStream(context, self.tokenizer, self.config.chunk_tokens,
                                         self.config.max_context_tokens))
         st.advance()

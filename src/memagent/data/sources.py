@@ -70,12 +70,18 @@ class _Decoder:
         return text
 
 
-def _check_head(head: bytes, name: str, allow_binary: bool, warn) -> None:
-    """Refuse a binary-looking document (unless ``allow_binary``); warn about an empty one."""
+def _check_head(head: bytes, name: str, allow_binary: bool, warn) -> bool:
+    """Refuse a binary-looking document (unless ``allow_binary``); warn about an empty one.
+
+    Returns:
+        Whether the document is empty or whitespace only (``head`` is all of it): the agent reads it as empty.
+    """
     dec = _Decoder(head, name, allow_binary, lambda m: None)
     if len(head) < _BINARY_PROBE_BYTES and not dec.decode(head, final=True).strip():
         warn(f"the document ({name}) is empty or whitespace only: the memory learns nothing from it, the answer "
              "rests on the question alone")
+        return True
+    return False
 
 
 def _decoded(chunks: Iterable[bytes], head: bytes, name: str, allow_binary: bool, warn) -> Iterator[str]:
@@ -103,7 +109,8 @@ class FileText:
         self.allow_binary, self.warn = allow_binary, warn or _warn_default
         if not os.path.isfile(self.path):
             raise DataError(f"{self.name} is not a file; give the path of a text file (on the command line, '-' reads stdin)")
-        _check_head(self._read_head(), self.name, allow_binary, self.warn)  # a binary file: refused before any call
+        # a binary file: refused before any call; a blank one (whitespace only) is read as empty by the agent
+        self.blank = _check_head(self._read_head(), self.name, allow_binary, self.warn)
         self._warned = False
 
     def _read_head(self) -> bytes:
@@ -142,7 +149,7 @@ class StreamText:
         self.name, self.allow_binary, self.warn = name, allow_binary, warn or _warn_default
         self._stream = stream
         self._head = stream.read(_BINARY_PROBE_BYTES)
-        _check_head(self._head, name, allow_binary, self.warn)
+        self.blank = _check_head(self._head, name, allow_binary, self.warn)  # whitespace only: read as empty
         self._used = False
 
     def pieces(self) -> Iterator[str]:
