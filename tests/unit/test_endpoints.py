@@ -278,3 +278,16 @@ def test_a_base_url_naming_an_endpoint_is_refused_naming_the_api_root(url, root)
     assert str(e.value) == (f"base_url {url!r} names an endpoint, not the API root: give --base-url {root} "
                             "(memagent adds /chat/completions and /models itself)")
     _backend(Servers(), urls=(A, "http://h:8000/completions-proxy/v1"))  # a root that merely contains the word
+
+
+def test_a_host_named_like_an_endpoint_is_not_an_endpoint():
+    """`http://models` (a server named `models` with the API at its root): the endpoint check read the host as the
+    path `/models` and refused it, advising `--base-url http:/`."""
+    from memagent.backends.endpoints import check_base_url
+
+    for url in ("http://models", "http://completions/", "https://models:8443"):
+        check_base_url(url)
+    from memagent.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"give --base-url http://models \("):
+        check_base_url("http://models/models")

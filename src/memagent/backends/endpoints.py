@@ -215,7 +215,10 @@ def check_base_url(url: object) -> None:
         raise ConfigError(f"base_url {url!r} names no host; {fix}")
     if parsed.port is not None and not 1 <= parsed.port <= 65535:
         raise ConfigError(f"base_url {url!r}: port {parsed.port} is outside 1-65535; {fix}")
-    endpoint = _ENDPOINT_PATH.search(url.rstrip("/"))
+    trimmed = url.rstrip("/")
+    # in the path only: a host named `models` (http://models, an API at the server's root) is no endpoint
+    has_path = trimmed.find("/", trimmed.index("//") + 2) >= 0
+    endpoint = _ENDPOINT_PATH.search(trimmed) if has_path else None
     if endpoint:  # the pre-flight cannot tell: GET .../chat/completions/models is a 404, as on a server without a listing
         raise ConfigError(f"base_url {url!r} names an endpoint, not the API root: give --base-url "
-                          f"{url.rstrip('/')[:endpoint.start()]} (memagent adds /chat/completions and /models itself)")
+                          f"{trimmed[:endpoint.start()]} (memagent adds /chat/completions and /models itself)")
