@@ -209,6 +209,11 @@ def test_a_missing_training_file_is_named_with_where_it_was_looked_for(tmp_path,
         train_data(cfg)
     (root / "typo.jsonl").write_text('{"id": "a", "question": "q?", "context": "doc", "answers": ["x"]}\n')
     assert [s.id for s in train_data(cfg)] == ["a"]
+    monkeypatch.setenv("MEMAGENT_DATA", str(tmp_path / "typo-root"))  # set, but to no folder: not "none was found"
+    with pytest.raises(DataError, match=r"not found \(working directory .*\); a relative path is also looked for "
+                                        r"under the data root, and \$MEMAGENT_DATA is '.*typo-root', which is not a "
+                                        r"folder$"):
+        train_data(cfg)
 
 
 def test_docs_list_every_option_with_its_default():

@@ -49,8 +49,9 @@ def _resolve(path: str, key: str) -> str:
     try:
         root = data_root()
     except DataError:
-        raise DataError(f"{here}; a relative path is also looked for under the data root, and none was found "
-                        f"(${ENV_VAR})") from None
+        env = os.environ.get(ENV_VAR)  # set to what is not a folder: say so, not that none was found
+        why = f"${ENV_VAR} is {env!r}, which is not a folder" if env else f"none was found (${ENV_VAR})"
+        raise DataError(f"{here}; a relative path is also looked for under the data root, and {why}") from None
     if not (root / path).exists():
         raise DataError(f"{here}, nor under the data root {str(root)!r}")
     return os.fspath(root / path)
