@@ -297,7 +297,11 @@ def parse_ints(text: str | None, option: str, suffix: bool = True) -> list[int]:
 
 
 class DuplicateKeyError(yaml.YAMLError):
-    """A key given twice in one mapping of a YAML settings file (the message names both lines)."""
+    """A key given twice in one mapping of a YAML settings file (the message names both lines; ``key`` is the key)."""
+
+    def __init__(self, message: str, key: Any = None):
+        super().__init__(message)
+        self.key = key
 
 
 class UniqueKeyLoader(yaml.SafeLoader):
@@ -329,7 +333,7 @@ class UniqueKeyLoader(yaml.SafeLoader):
                     raise DuplicateKeyError(
                         f"line {key_node.start_mark.line + 1}: the key {key!r} is given a second time (first at "
                         f"line {first.start_mark.line + 1}) in one mapping; YAML would keep only the last, silently "
-                        "dropping the first: give it once")
+                        "dropping the first: give it once", key)
         super().flatten_mapping(node)
 
 

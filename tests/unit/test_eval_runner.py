@@ -891,11 +891,13 @@ def test_a_key_given_twice_in_a_grid_file_is_refused_naming_both_lines(tmp_path)
     grid = tmp_path / "grid.yaml"
     head = "backend: {name: scripted}\nmethods:\n  - {name: m, kind: direct, max_new_tokens: 8}\n"
     grid.write_text(head + "tasks:\n  - {name: vt, lengths: [2K]}\ntasks:\n  - {name: niah_single_1, lengths: [2K]}\n")
-    with pytest.raises(ConfigError, match=rf"{grid}: line 6: the key 'tasks' is given a second time \(first at line 4\)"):
+    with pytest.raises(ConfigError, match=rf"{grid}: line 6: the key 'tasks' is given a second time \(first at line 4\)"
+                       r".*every task under one tasks: list\)$"):
         EvalConfig.from_yaml(grid)  # PyYAML kept the second block only: vt was silently never run
     grid.write_text("backend: {name: scripted}\nmethods:\n  - {name: m, kind: memory_agent, chunk_tokens: 1000,\n"
                     "     memory_tokens: 64, chunk_tokens: 500}\ntasks:\n  - {name: vt, lengths: [2K]}\n")
-    with pytest.raises(ConfigError, match=r"line 4: the key 'chunk_tokens' is given a second time \(first at line 3\)"):
+    with pytest.raises(ConfigError, match=r"line 4: the key 'chunk_tokens' is given a second time \(first at line 3\)"
+                       r".*give it once$"):  # no advice about methods: and tasks: lists for a method's setting
         EvalConfig.from_yaml(grid)
     # a key merged in from an anchor may be set again beside the merge, as YAML intends
     grid.write_text("backend: {name: scripted}\nmethods:\n  - &a {name: a, kind: memory_agent, chunk_tokens: 1000}\n"

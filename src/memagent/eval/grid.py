@@ -332,9 +332,10 @@ class EvalConfig:
             raise ConfigError(f"eval config {str(p)!r} not found")
         try:
             data = load_yaml(p.read_text(encoding="utf-8"))
-        except DuplicateKeyError as e:
-            raise ConfigError(f"{p}: {e} (put every method under one methods: list, every task under one tasks: "
-                              "list)") from None
+        except DuplicateKeyError as e:  # a second methods: or tasks: block: say how to merge them
+            hint = (" (put every method under one methods: list, every task under one tasks: list)"
+                    if e.key in ("methods", "tasks") else "")
+            raise ConfigError(f"{p}: {e}{hint}") from None
         except yaml.YAMLError as e:
             raise ConfigError(f"{p}: invalid YAML ({e})") from None
         return cls.from_dict(data, str(p), base=p.parent)
