@@ -15,7 +15,7 @@ from typing import Optional
 import typer
 
 from memagent.backends.factory import open_backend
-from memagent.errors import MemagentError
+from memagent.errors import DataError, MemagentError
 from memagent.options import agent_group, backend_group, refuse_unused_backend_options, with_settings
 from memagent.runfiles.outputs import check_not_overwriting, check_paths, file_option, open_for_writing
 
@@ -60,6 +60,8 @@ def _read_document(document: str, allow_binary: bool = False):
 
     if document == "-":
         return StreamText(sys.stdin.buffer, "stdin", allow_binary, warn)
+    if not document:  # Path("") is ".": the error would name the working directory
+        raise DataError("--document is an empty path; give the path of a text file ('-' reads stdin)")
     return document_source(Path(document), allow_binary, warn)
 
 

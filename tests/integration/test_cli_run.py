@@ -593,6 +593,13 @@ def test_a_full_disk_mid_run_is_named_and_the_rows_written_stay_for_resume(tmp_p
                                                                                       "s3", "s3"]
 
 
+def test_an_empty_document_path_is_named_as_such():
+    """`-d ""` (an unset shell variable): since documents go through a Path, the error named the working directory
+    (`. is not a file`)."""
+    r = _run("run", "-q", "What?", "-d", "", "-b", "scripted")
+    assert r.exit_code == 2 and "--document is an empty path" in r.output, r.output
+
+
 def test_a_document_from_a_pipe_is_read_as_stdin_is(tmp_path):
     """`-d <(zcat doc.txt.gz)` (a named pipe, as `-i <(cat rows.jsonl)` already was): read once, in pieces, as
     `-d -` reads stdin; it was refused as "not a file"."""
