@@ -224,8 +224,7 @@ class MemoryAgent:
         # warnings say (the answer rests on the question alone); a file or stream says so by its ``blank``
         ctx = sample.context
         blank = not ctx.strip() if isinstance(ctx, str) else getattr(ctx, "blank", False) is True
-        context = "" if blank else ctx
-        st = _State(sample, ChunkStream(context, self.tokenizer, self.config.chunk_tokens,
+        st = _State(sample, ChunkStream("" if blank else ctx, self.tokenizer, self.config.chunk_tokens,
                                         self.config.max_context_tokens))
         st.advance()
         return st
