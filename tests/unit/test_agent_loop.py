@@ -102,6 +102,12 @@ def test_a_file_or_stream_of_whitespace_only_is_read_as_empty_too(tmp_path):
             traj = _agent(b, chunk_tokens=2).answer("q", doc)
         assert _ids(b) == [["0/final"]] and traj.document_tokens == 0, doc
         assert any("whitespace only" in str(m.message) for m in w)
+    b = ScriptedBackend(replies=["\\boxed{x}"])
+    assert _agent(b, chunk_tokens=2).answer("q", io.StringIO(" \n\t  \n")).document_tokens == 0  # a text stream
+    assert _ids(b) == [["0/final"]]
+    b = ScriptedBackend(replies=["m", "\\boxed{x}"])
+    _agent(b, chunk_tokens=8).answer("q", io.StringIO(" \n a "))
+    assert _ids(b) == [["0/chunk0"], ["0/final"]] and "\n \n a \n" in b.calls[0][0].messages[-1].content
     (tmp_path / "a.txt").write_text(" \n a ")  # one visible character: read
     b = ScriptedBackend(replies=["m", "\\boxed{x}"])
     _agent(b, chunk_tokens=8).answer("q", tmp_path / "a.txt")

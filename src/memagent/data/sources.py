@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import codecs
 import io
+import itertools
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
@@ -220,7 +221,10 @@ def document_source(document: Any, allow_binary: bool = False, warn: Callable[[s
         return read_document_text(bytes(document), allow_binary=allow_binary, warn=warn)
     if isinstance(document, io.TextIOBase):  # open(path), io.StringIO, sys.stdin: already text
         name = str(getattr(document, "name", "the text stream"))
-        return IterText(iter(lambda: document.read(READ_BYTES), ""), name)
+        head = document.read(READ_BYTES)  # all of it when shorter: a blank one is read as empty, as a blank string
+        source = IterText(itertools.chain([head], iter(lambda: document.read(READ_BYTES), "")), name)
+        source.blank = len(head) < READ_BYTES and not head.strip()
+        return source
     if hasattr(document, "read"):
         return StreamText(document, getattr(document, "name", "the stream"), allow_binary, warn)
     if isinstance(document, Iterable) and not isinstance(document, (Mapping, AbstractSet)):
