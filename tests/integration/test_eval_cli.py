@@ -221,3 +221,30 @@ def test_report_refuses_another_runs_folder_and_warns_about_another_tokenizer(tm
             "(SmolLM2-135M-Instruct.Q4_1.gguf); its evidence numbers (read %, outcomes) are computed with "
             "--tokenizer's and may differ from the run's own") in " ".join(r.output.split())
     assert (tmp_path / "b" / "summary.md").is_file()
+
+
+def test_eval_lora_policy_flags_bring_its_trained_budgets(tmp_path, monkeypatch):
+    """`eval --lora ruler-niah` (flags, no --config) runs the memory agent with the budgets the policy was trained
+    with, as `run` and `demo` do (it loaded the policy's base model but kept 5000/1024/1024: every memory hit the
+    1024-token cap); a budget given on the command line still wins."""
+    import memagent.eval.runner as runner_module
+    from memagent.errors import ConfigError
+
+    seen = []
+
+    class Stop:  # records the grid the flags built; no model is loaded
+        def __init__(self, cfg, **kwargs):
+            seen.append(cfg)
+            raise ConfigError("stopped before the run")
+
+    monkeypatch.setattr(runner_module, "EvalRunner", Stop)
+    base = ["eval", "--tasks", "niah_single_2", "--lengths", "2K", "-n", "1", "--methods", "memagent",
+            "--lora", "ruler-niah", "-o", str(tmp_path / "run")]
+    r = CliRunner().invoke(_app(), base)
+    assert "stopped before the run" in r.output, r.output
+    agent = seen[-1].methods[0].agent
+    assert (agent.chunk_tokens, agent.memory_tokens, agent.final_tokens) == (512, 64, 48)
+    assert "policy ruler-niah: with the settings it was trained with" in r.output
+    r = CliRunner().invoke(_app(), base + ["--chunk-tokens", "1024"])
+    agent = seen[-1].methods[0].agent
+    assert (agent.chunk_tokens, agent.memory_tokens) == (1024, 64), r.output

@@ -904,3 +904,23 @@ def test_a_key_given_twice_in_a_grid_file_is_refused_naming_both_lines(tmp_path)
                     "  - {<<: *a, name: b, chunk_tokens: 500}\ntasks:\n  - {name: vt, lengths: [2K]}\n")
     cfg = EvalConfig.from_yaml(grid)
     assert [(m.name, m.agent.chunk_tokens) for m in cfg.methods] == [("a", 1000), ("b", 500)]
+
+
+def test_a_grid_entry_missing_a_required_key_names_the_key_not_the_constructor():
+    """A method without `name`, a task without `name` or `lengths` (a `files:` task too): the error names the
+    missing key and what to write; it was Python's `TaskConfig.__init__() missing 1 required positional argument`."""
+    task = {"name": "vt", "lengths": [8]}
+    cases = [
+        ({"methods": [{"chunk_tokens": 500}], "tasks": [task]},
+         r"^g.yaml: methods\[0\]: missing key 'name' \(the method's label"),
+        ({"methods": [{"name": "m"}], "tasks": [{"lengths": [8]}]}, r"^g.yaml: tasks\[0\]: missing key 'name' \(hotpotqa, a RULER task"),
+        ({"methods": [{"name": "m"}], "tasks": [{"name": "vt"}]},
+         r"^g.yaml: tasks\[0\]: missing key 'lengths' \(the sizes to evaluate, e.g. lengths: \[8K, 16K\]\)"),
+        ({"methods": [{"name": "m"}], "tasks": [{"name": "mine", "files": {"2K": "a.jsonl", 4096: "b.jsonl"}}]},
+         r"tasks\[0\]: missing key 'lengths' .*; with files: the lengths to run among its keys, e.g. "
+         r"lengths: \[2048, 4096\]"),
+    ]
+    for grid, match in cases:
+        with pytest.raises(ConfigError, match=match) as e:
+            EvalConfig.from_dict(grid, "g.yaml")
+        assert "__init__" not in str(e.value) and "positional" not in str(e.value)

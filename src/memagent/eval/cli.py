@@ -130,6 +130,10 @@ def eval_command(
             if output is not None:
                 cfg = replace(cfg, output=str(output))
         else:
+            from memagent.options import apply_policy
+
+            # a packaged policy (--lora ruler-niah) brings the budgets it was trained with, as in `run` and `demo`
+            agent_config = apply_policy(agent_config, backend_options)
             cfg = _flags_config(tasks, lengths, methods, samples, output or Path("runs/eval"), agent_config,
                                 backend_options, max_input_tokens, max_new_tokens, data_root)
         runner = EvalRunner(cfg, log=lambda msg: typer.echo(msg, err=True), retry_errors=retry_errors)

@@ -473,6 +473,12 @@ def _check_keys(d: dict[str, Any], cls: type, where: str) -> None:
             raise ConfigError(f"{where}: unknown key {k!r}{hint} (valid: {', '.join(valid)})")
 
 
+#: What each required key of a grid entry holds, for the error naming it when it is missing.
+_REQUIRED = {("MethodConfig", "name"): "the method's label in results and reports, e.g. name: memagent",
+             ("TaskConfig", "name"): "hotpotqa, a RULER task (memagent ls), or a label of your own with files:",
+             ("TaskConfig", "lengths"): "the sizes to evaluate, e.g. lengths: [8K, 16K]"}
+
+
 def _build(cls: type, d: Any, where: str):
     if not isinstance(d, dict):
         raise ConfigError(f"{where}: expected a mapping")
@@ -481,6 +487,10 @@ def _build(cls: type, d: Any, where: str):
             raise ConfigError(f"{where}: {key} is a setting of the whole grid; set it at the top level (it applies "
                               "to every method)")
     _check_keys(d, cls, where)
+    for key in [k for (c, k) in _REQUIRED if c == cls.__name__ and k not in d]:  # not the constructor's TypeError
+        files = d.get("files") if key == "lengths" and isinstance(d.get("files"), dict) and d["files"] else None
+        hint = f"; with files: the lengths to run among its keys, e.g. lengths: {list(files)}" if files else ""
+        raise ConfigError(f"{where}: missing key {key!r} ({_REQUIRED[cls.__name__, key]}{hint})")
     try:
         return build_flat(cls, d, lambda k: f"{where}: {k}")
     except TypeError as e:

@@ -3,7 +3,7 @@
 A packaged policy is a folder ``memagent/policies/<name>/`` holding ``adapter.gguf`` (from ``memagent export
 RUN --format lora-gguf``) and ``policy.json``: the base model it adapts, the agent settings it was trained with
 (chunk, memory and final-answer budgets in tokens, templates), and its provenance (training config, data
-recipe, steps, metrics, the adapter's sha256). ``--lora NAME`` (``memagent run``/``demo``) and
+recipe, steps, metrics, the adapter's sha256). ``--lora NAME`` (``memagent run``/``demo``/``eval``) and
 ``backend: {lora_path: NAME}`` in an eval grid accept such a name besides a file path; the CLI then also
 takes the policy's agent settings for every agent option left at its default (:func:`agent_overrides`), and
 a llama.cpp backend given no model loads the policy's ``base`` (:func:`base_model`).
