@@ -333,8 +333,7 @@ class EvalConfig:
         try:
             data = load_yaml(p.read_text(encoding="utf-8"))
         except DuplicateKeyError as e:  # a second methods: or tasks: block: say how to merge them
-            hint = (" (put every method under one methods: list, every task under one tasks: list)"
-                    if e.key in ("methods", "tasks") else "")
+            hint = " (put every method under one methods: list, every task under one tasks: list)" * (e.key in ("methods", "tasks"))
             raise ConfigError(f"{p}: {e}{hint}") from None
         except yaml.YAMLError as e:
             raise ConfigError(f"{p}: invalid YAML ({e})") from None
