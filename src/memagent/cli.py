@@ -278,7 +278,7 @@ def _report_run(samples, trajs, single: bool, output, settings, trace) -> None:
         typer.echo(t.answer)
         return
     n_err = sum(not t.ok for t in trajs)
-    typer.echo(f"{len(trajs)} samples, {n_err} failed" + (f"; predictions in {output}" if output else ""), err=True)
+    typer.echo(f"{len(trajs)} sample{'s' * (len(trajs) != 1)}, {n_err} failed" + (f"; predictions in {output}" if output else ""), err=True)
     if output is None:
         for s, t in zip(samples, trajs):
             typer.echo(dumps(_prediction_row(s, t, settings, trace)).rstrip("\n"))
@@ -399,12 +399,12 @@ def _demo_ruler(task, length, index, data_root, trace, agent_config, backend_opt
         model = backend_options.model or base_model(backend_options.lora_path)
     except MemagentError as e:
         _fail(e)
-    variants = [("untrained", dataclasses.replace(backend_options, lora_path=None, model=model))]
+    variants = [("untrained", "the untrained model", dataclasses.replace(backend_options, lora_path=None, model=model))]
     if backend_options.lora_path:
-        variants.append((f"trained: {backend_options.lora_path}", backend_options))
+        variants.append(("trained", f"the trained policy {backend_options.lora_path}", backend_options))
     columns = []
     try:
-        for label, options in variants:
+        for label, what, options in variants:
             b, tok = _open_backend(options)
             agent = MemoryAgent(b, agent_config, tokenizer=tok)
             if not columns:
@@ -413,12 +413,12 @@ def _demo_ruler(task, length, index, data_root, trace, agent_config, backend_opt
                 typer.secho(f"Question: {sample.question}", bold=True)
                 typer.echo(f"Document: RULER {task}, {length} tokens -> {len(chunks)} chunks of <= {agent_config.chunk_tokens} "
                            f"tokens; memory <= {agent_config.memory_tokens} tokens; templates {agent_config.templates or 'default'}")
-            typer.secho(f"reading with the {label} model ...", dim=True)
+            typer.secho(f"reading with {what} ...", dim=True)
             traj = agent.run([sample])[0]
             b.close()
             if traj.error:
                 raise MemagentError(traj.error)
-            columns.append(Column(label.split(":")[0], traj))
+            columns.append(Column(label, traj))
     except MemagentError as e:
         if trace and columns:  # the columns read so far are kept
             _write_demo_trace(trace, column_trajectories(columns))
